@@ -1,0 +1,202 @@
+"""Kernel benchmarks K1-K4 of BENCHMARKS.md on a CUDA GPU: each kernel's median
+time as a ratio to its floor (copy bandwidth and bf16 matmul rate measured in
+this run) and to its peer (cuBLAS on dequantized weights, SDPA on contiguous KV).
+
+    python benchmarks/kernels.py --out $OUT/kernels.json
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kernels  # noqa: E402
+from kernels.awq import pack_awq_int4  # noqa: E402
+
+HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
+GEN = torch.Generator(device="cuda").manual_seed(1234)
+
+
+def bench(fn, rep=100):
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3  # seconds
+
+
+def rand(shape, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(shape, device="cuda", generator=GEN) * scale).to(dtype)
+
+
+def ceilings():
+    n = 1 << 30  # 1 GiB each way
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda", generator=GEN)
+    b = torch.empty_like(a)
+    bw = 2 * n / bench(lambda: b.copy_(a))
+    del a, b
+    x, y = rand((8192, 8192)), rand((8192, 8192))
+    peak = 2 * 8192**3 / bench(lambda: x @ y)
+    return bw, peak
+
+
+def row(rid, case, ours, floor, peer, target_floor, target_peer, **extra):
+    return {
+        "id": rid, "case": case,
+        "ratio_to_floor": None if floor is None else floor / ours,
+        "target_floor": target_floor,
+        "ratio_to_peer": None if peer is None else peer / ours,
+        "target_peer": target_peer,
+        "time_us": ours * 1e6, "floor_us": None if floor is None else floor * 1e6,
+        "peer_us": None if peer is None else peer * 1e6, **extra,
+    }
+
+
+def k1(bw, peak, ms):
+    rows = []
+    for K, N in [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]:
+        qw = pack_awq_int4(torch.randint(0, 16, (K, N), device="cuda", generator=GEN))
+        qz = pack_awq_int4(torch.randint(0, 16, (K // G, N), device="cuda", generator=GEN))
+        sc = (torch.rand(K // G, N, device="cuda", generator=GEN) * 0.01 + 0.001).to(torch.bfloat16)
+        w = kernels.awq_dequantize(qw, qz, sc, G)
+        large = N == 37888 or K == 18944
+        wbytes = qw.numel() * 4 + qz.numel() * 4 + sc.numel() * 2
+        for M in ms:
+            x = rand((M, K))
+            ours = bench(lambda: kernels.awq_gemm(x, qw, qz, sc, G))
+            peer = bench(lambda: x @ w)
+            floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / peak)
+            if M <= 16:
+                tf, tp = (0.80 if large else None), 3.0
+            elif M <= 256:
+                tf, tp = None, 1.0
+            else:
+                tf, tp = None, 0.8
+            rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp,
+                            tflops=2 * M * K * N / ours / 1e12))
+        del qw, qz, sc, w
+    return rows
+
+
+def k2(bw):
+    rows = []
+    bs = 16
+    for B, ctx in [(1, 4096), (16, 4096), (64, 2048), (64, 8192), (256, 1024)]:
+        nblk = B * ctx // bs
+        kc, vc = rand((nblk, bs, HKV, D)), rand((nblk, bs, HKV, D))
+        tables = torch.randperm(nblk, device="cuda", generator=GEN).view(B, ctx // bs).int()
+        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+        q = rand((B, HQ, D))
+        ours = bench(lambda: kernels.paged_decode_attention(q, kc, vc, tables, lens, D**-0.5))
+        del kc, vc
+        kk, vv = rand((B, HKV, ctx, D)), rand((B, HKV, ctx, D))
+        q4 = q.view(B, HQ, 1, D)
+        peer = bench(lambda: F.scaled_dot_product_attention(q4, kk, vv, enable_gqa=True))
+        del kk, vv
+        nbytes = 2 * B * ctx * HKV * D * 2 + 2 * q.numel() * 2 + tables.numel() * 4
+        rows.append(row("K2", f"B={B} ctx={ctx}", ours, nbytes / bw, peer,
+                        0.75 if B >= 16 else None, 0.85, gbps=nbytes / ours / 1e9))
+    return rows
+
+
+def k3(peak):
+    nseq, ctx, new, bs = 8, 2048, 1024, 16
+    nblk = nseq * ctx // bs
+    kc, vc = rand((nblk, bs, HKV, D)), rand((nblk, bs, HKV, D))
+    tables = torch.randperm(nblk, device="cuda", generator=GEN).view(nseq, ctx // bs).int()
+    lens = torch.full((nseq,), ctx, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(0, nseq + 1, device="cuda", dtype=torch.int32) * new
+    q = rand((nseq * new, HQ, D))
+    ours = bench(lambda: kernels.paged_prefill_attention(q, kc, vc, tables, qsl, lens, D**-0.5))
+    # useful FLOPs: query i of the new half sees (ctx - new + i + 1) keys
+    ours_flops = nseq * HQ * 4 * D * sum(ctx - new + i + 1 for i in range(new))
+    qq, kk, vv = rand((nseq, HQ, ctx, D)), rand((nseq, HQ, ctx, D)), rand((nseq, HQ, ctx, D))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        peer = bench(lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True))
+    peer_flops = nseq * HQ * 4 * D * ctx * (ctx + 1) // 2
+    # compare throughputs: express the peer as the time it would take for our FLOPs
+    peer_equiv = peer * ours_flops / peer_flops
+    return [row("K3", "8 x 2048, half cached", ours, ours_flops / peak, peer_equiv, None, 0.7,
+                tflops=ours_flops / ours / 1e12, peer_tflops=peer_flops / peer / 1e12)]
+
+
+def k4(bw):
+    T = 8192
+    rows = []
+    x, res, w = rand((T, HIDDEN)), rand((T, HIDDEN)), rand((HIDDEN,))
+    ours = bench(lambda: kernels.fused_add_rms_norm(x, res, w, 1e-6))
+    nbytes = 4 * T * HIDDEN * 2
+    rows.append(row("K4", "add+rmsnorm", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
+
+    qkv = rand((T, (HQ + 2 * HKV) * D))
+    q, k = qkv[:, : HQ * D].view(T, HQ, D), qkv[:, HQ * D : (HQ + HKV) * D].view(T, HKV, D)
+    inv = 1.0 / 1e6 ** (torch.arange(0, D, 2, device="cuda").float() / D)
+    cache = torch.cat([(torch.arange(32768, device="cuda").float()[:, None] * inv).cos(),
+                       (torch.arange(32768, device="cuda").float()[:, None] * inv).sin()], -1)
+    pos = torch.randint(0, 32768, (T,), device="cuda", generator=GEN)
+    ours = bench(lambda: kernels.rotary_embedding(pos, q, k, cache))
+    nbytes = 2 * T * (HQ + HKV) * D * 2 + T * D * 4 + T * 8
+    rows.append(row("K4", "rope (q,k views of qkv)", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
+
+    g = rand((T, 2 * INTER))
+    ours = bench(lambda: kernels.silu_and_mul(g))
+    nbytes = 3 * T * INTER * 2
+    rows.append(row("K4", "silu_and_mul", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
+
+    bs = 16
+    kc, vc = rand((T // bs + 8, bs, HKV, D)), rand((T // bs + 8, bs, HKV, D))
+    key, val = rand((T, HKV, D)), rand((T, HKV, D))
+    slots = torch.randperm(kc.shape[0] * bs, device="cuda", generator=GEN)[:T]
+    ours = bench(lambda: kernels.write_kv_cache(key, val, kc, vc, slots))
+    nbytes = 4 * T * HKV * D * 2 + T * 8
+    rows.append(row("K4", "kv-cache write", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
+    return rows
+
+
+def verdict(r):
+    ok = True
+    if r["target_floor"] is not None:
+        ok &= r["ratio_to_floor"] >= r["target_floor"]
+    if r["target_peer"] is not None:
+        ok &= r["ratio_to_peer"] >= r["target_peer"]
+    return "ok" if ok else "MISS"
+
+
+def fmt(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
+    ap.add_argument("--only", default="K1,K2,K3,K4")
+    ap.add_argument("--ms", default="1,8,16,32,64,128,256,1024,4096")
+    args = ap.parse_args()
+    bw, peak = ceilings()
+    rows = []
+    only = args.only.split(",")
+    if "K1" in only:
+        rows += k1(bw, peak, [int(m) for m in args.ms.split(",")])
+    if "K2" in only:
+        rows += k2(bw)
+    if "K3" in only:
+        rows += k3(peak)
+    if "K4" in only:
+        rows += k4(bw)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copy_GBps": bw / 1e9, "bf16_matmul_TFLOPs": peak / 1e12, "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\ncopy {bw / 1e9:.0f} GB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s ({result['device']})")
+    print(f"{'id':3} {'case':28} {'us':>9} {'floor':>6} {'tgt':>5} {'peer':>6} {'tgt':>5}  verdict")
+    for r in rows:
+        print(f"{r['id']:3} {r['case']:28} {r['time_us']:9.1f} {fmt(r['ratio_to_floor']):>6} "
+              f"{fmt(r['target_floor']):>5} {fmt(r['ratio_to_peer']):>6} {fmt(r['target_peer']):>5}  {verdict(r)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Engine configuration (vLLM's argument names)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import InvalidInputError
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str
+    revision: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
+    device: str = "auto"
+    quantization: str | None = None  # None: read from the checkpoint; "awq" to insist
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    seed: int = 0
+    # Off by default. {"oom_at_step": N, "oom_request_id": "id"} raises
+    # torch.OutOfMemoryError in step N for the batch holding that request
+    # (and for it alone when retried), to test the out-of-memory contract.
+    fault_injection: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.model, str) or not self.model:
+            raise InvalidInputError("model must be a path or a hub id", field="model")
+        if self.block_size not in (8, 16, 32):
+            raise InvalidInputError(f"block_size must be 8, 16 or 32, got {self.block_size}", field="block_size")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise InvalidInputError(f"dtype {self.dtype!r} is not auto, float32, float16 or bfloat16", field="dtype")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InvalidInputError("gpu_memory_utilization must be in (0, 1]", field="gpu_memory_utilization")
+        if self.max_num_seqs < 1:
+            raise InvalidInputError("max_num_seqs must be >= 1", field="max_num_seqs")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise InvalidInputError("max_num_batched_tokens must be >= 1", field="max_num_batched_tokens")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise InvalidInputError("num_kv_blocks must be >= 1", field="num_kv_blocks")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidInputError("max_model_len must be >= 2", field="max_model_len")
+        if self.quantization not in (None, "awq", "none"):
+            raise InvalidInputError(f"quantization {self.quantization!r} is not supported (awq or none)", field="quantization")

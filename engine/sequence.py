@@ -1,0 +1,76 @@
+"""Per-request state: token ids, progress, KV blocks, detokenizer state."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+_arrival = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved: never None
+    priority: int = 0
+    cache_salt: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    arrival: int = field(default_factory=lambda: next(_arrival))
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: Exception | None = None
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    cumulative_logprob: float = 0.0
+    logprobs: list[dict[int, float]] | None = None
+    generator: object = None  # torch.Generator for seeded sampling
+    detok: object = None  # engine.tokenizer.IncrementalDetokenizer
+    stop_checker: object = None  # engine.stop.StopChecker
+    emitted_len: int = 0  # characters of text already reported
+
+    def __post_init__(self):
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Lower runs first: priority, then arrival."""
+        return (self.priority, self.arrival)

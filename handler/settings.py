@@ -1,0 +1,187 @@
+"""Worker settings from environment variables: one table (name, type, default,
+description) that validation, the `Settings` object and the README docs all come from."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """A bad environment variable; the message starts with the variable's name."""
+
+    def __init__(self, name: str, raw: str, problem: str):
+        super().__init__(f"{name}={raw!r}: {problem}")
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    type: str  # str | int | float | bool | choice | json
+    default: Any
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple = ()
+    secret: bool = False
+    group: str = "worker"
+
+    @property
+    def attr(self) -> str:
+        return self.name.lower()
+
+    def parse(self, raw: str) -> Any:
+        """Parse and check one raw value; raises SettingsError naming the variable."""
+        text = raw.strip()
+        value: Any
+        if self.type == "str":
+            value = text
+        elif self.type == "bool":
+            if text.lower() not in _TRUE | _FALSE:
+                raise SettingsError(self.name, raw, "expected a boolean (true/false/1/0)")
+            value = text.lower() in _TRUE
+        elif self.type == "int" or (self.type == "choice" and isinstance(self.choices[0], int)):
+            try:
+                value = int(text)
+            except ValueError:
+                raise SettingsError(self.name, raw, "expected an integer") from None
+        elif self.type == "float":
+            try:
+                value = float(text)
+            except ValueError:
+                raise SettingsError(self.name, raw, "expected a number") from None
+            if not math.isfinite(value):
+                raise SettingsError(self.name, raw, "expected a finite number")
+        elif self.type == "choice":
+            value = text.lower()
+        elif self.type == "json":
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(self.name, raw, f"expected JSON ({exc.msg})") from None
+            if not isinstance(value, dict):
+                raise SettingsError(self.name, raw, "expected a JSON object")
+        else:
+            raise AssertionError(self.type)
+        if self.choices and value not in self.choices:
+            raise SettingsError(self.name, raw, "expected one of " + ", ".join(str(c) for c in self.choices))
+        if self.minimum is not None and (value <= self.minimum if self.exclusive_minimum else value < self.minimum):
+            raise SettingsError(self.name, raw, f"must be {'>' if self.exclusive_minimum else '>='} {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise SettingsError(self.name, raw, f"must be <= {self.maximum:g}")
+        return value
+
+
+def _s(name, type_, default, description, **kw) -> Setting:
+    return Setting(name, type_, default, description, **kw)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # model and engine (worker-vllm's names where they exist)
+    _s("MODEL_NAME", "str", None, "Hugging Face hub id or local folder of the model. Unset: the embedded default model "
+       "(SmolLM2-135M-Instruct, AWQ 4-bit), prepared once into the cache.", group="model"),
+    _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME.", group="model"),
+    _s("QUANTIZATION", "choice", None, "`awq` to insist on an AWQ checkpoint, `none` for plain weights; unset: read "
+       "from the checkpoint's config.json.", choices=("awq", "none"), group="model"),
+    _s("DTYPE", "choice", "auto", "Activation dtype; auto: bfloat16 on CUDA, float32 on the CPU.",
+       choices=("auto", "float16", "bfloat16", "float32"), group="model"),
+    _s("MAX_MODEL_LEN", "int", None, "Context length (prompt + output tokens); unset: the model's.", minimum=2,
+       group="model"),
+    _s("GPU_MEMORY_UTILIZATION", "float", 0.9, "Fraction of GPU memory the engine may use (weights + KV cache).",
+       minimum=0, exclusive_minimum=True, maximum=1, group="model"),
+    _s("MAX_NUM_SEQS", "int", 256, "Most requests the engine runs in one batch.", minimum=1, group="model"),
+    _s("MAX_NUM_BATCHED_TOKENS", "int", None, "Token budget of one engine step; unset: the engine's default.",
+       minimum=1, group="model"),
+    _s("BLOCK_SIZE", "choice", 16, "Tokens per KV-cache block.", choices=(8, 16, 32), group="model"),
+    _s("ENABLE_PREFIX_CACHING", "bool", True, "Reuse KV blocks of shared prompt prefixes.", group="model"),
+    _s("NUM_KV_BLOCKS", "int", None, "Fixed number of KV blocks; unset: sized from GPU_MEMORY_UTILIZATION.",
+       minimum=1, group="model"),
+    _s("PREFIX_CACHE_TTL_S", "float", 0.0, "Seconds an unused cached prefix block stays reusable; 0: until evicted.",
+       minimum=0, group="model"),
+    _s("SEED", "int", 0, "Engine seed for requests without their own seed.", minimum=0, group="model"),
+    _s("HF_TOKEN", "str", None, "Hugging Face token for gated or private models.", secret=True, group="model"),
+    _s("BASE_PATH", "str", None, "Cache root, e.g. the network volume `/runpod-volume`: the default model and "
+       "(when HF_HOME is unset) the Hugging Face cache live under it.", group="model"),
+    _s("FAULT_INJECTION", "json", None, "Testing only, off by default: JSON handed to the engine's fault_injection, "
+       "e.g. `{\"oom_at_step\": 3, \"oom_request_id\": \"job-1\"}`.", group="model"),
+    # worker
+    _s("MAX_CONCURRENCY", "int", 30, "Most jobs this worker takes at once; the concurrency actually used is the "
+       "smaller of this and what the free KV blocks hold (JOB_KV_TOKENS each).", minimum=1),
+    _s("JOB_KV_TOKENS", "int", 0, "KV tokens one job is assumed to need when the concurrency is computed from the "
+       "free KV blocks; 0: max_model_len.", minimum=0),
+    _s("DEFAULT_MAX_TOKENS", "int", 4096, "Cap on output tokens when a job gives no max_tokens (it gets as many as fit "
+       "the context, up to this; reaching it is reported as truncated, never silent).", minimum=1),
+    _s("JOB_TIMEOUT_S", "float", 0.0, "Deadline of a job without its own timeout_s; 0: none.", minimum=0),
+    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job whose first token has not come this many seconds after it reached "
+       "the engine fails `overloaded` (retryable); 0: off.", minimum=0),
+    _s("DEFAULT_BATCH_SIZE", "int", 50, "Most tokens per streamed item (worker-vllm's name).", minimum=1),
+    _s("MIN_BATCH_SIZE", "int", 1, "Tokens in the first streamed item; later ones grow by BATCH_SIZE_GROWTH_FACTOR.",
+       minimum=1),
+    _s("BATCH_SIZE_GROWTH_FACTOR", "float", 3.0, "Growth of the streamed item size, from MIN_BATCH_SIZE up to "
+       "DEFAULT_BATCH_SIZE.", minimum=1),
+    _s("RAW_OPENAI_OUTPUT", "bool", True, "Streamed OpenAI routes yield SSE text (`data: {...}`) as worker-vllm "
+       "does; false: lists of chunk objects."),
+    _s("OPENAI_SERVED_MODEL_NAME_OVERRIDE", "str", None, "Model name the OpenAI routes report; unset: MODEL_NAME "
+       "(or the default model's name)."),
+    _s("OPENAI_RESPONSE_ROLE", "str", "assistant", "Role of the chat completion's message."),
+    _s("RESULT_CACHE_SIZE", "int", 256, "Completed results kept by request_id (same id + same input returns the "
+       "cached result); 0: off.", minimum=0),
+    _s("RESULT_CACHE_TTL_S", "float", 3600.0, "Seconds a result stays cached by request_id.", minimum=0,
+       exclusive_minimum=True),
+    _s("LOAD_PROGRESS_INTERVAL_S", "float", 5.0, "Seconds between progress updates of jobs waiting for the model "
+       "load.", minimum=0, exclusive_minimum=True),
+    _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port; unset: a summary log line every "
+       "METRICS_LOG_INTERVAL_S.", minimum=1, maximum=65535),
+    _s("METRICS_LOG_INTERVAL_S", "float", 60.0, "Seconds between metrics summary log lines; 0: only at exit.",
+       minimum=0),
+    _s("LOG_LEVEL", "choice", "info", "Log level of the worker's own logs.",
+       choices=("debug", "info", "warning", "error")),
+)
+
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+Settings = dataclasses.make_dataclass(
+    "Settings",
+    [(s.attr, Any, dataclasses.field(default=s.default)) for s in SETTINGS],
+    frozen=True,
+    slots=True,
+    module=__name__,
+)
+Settings.__doc__ = "Validated settings; attribute names are the variables' names in lower case."
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Any:
+    """Read every setting from `env` (default os.environ); empty values count as unset.
+    Raises SettingsError for the first bad value, naming its variable."""
+    env = os.environ if env is None else env
+    values = {}
+    for s in SETTINGS:
+        raw = env.get(s.name)
+        values[s.attr] = s.default if raw is None or raw.strip() == "" else s.parse(raw)
+    return Settings(**values)
+
+
+def describe(settings: Any) -> dict[str, Any]:
+    """The settings as a dict for a startup log line, secrets masked."""
+    return {s.name: ("***" if s.secret and getattr(settings, s.attr) else getattr(settings, s.attr)) for s in SETTINGS}
+
+
+def settings_markdown(filter_group: Callable[[str], bool] = lambda g: True) -> str:
+    """The settings table in Markdown, for the README."""
+    rows = ["| Variable | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        if not filter_group(s.group):
+            continue
+        kind = " \\| ".join(f"`{c}`" for c in s.choices) if s.choices else s.type
+        default = "unset" if s.default is None else f"`{str(s.default).lower() if s.type == 'bool' else s.default}`"
+        rows.append(f"| `{s.name}` | {kind} | {default} | {s.description} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,24 @@
+"""Compute ops of the engine: one public function per op.
+
+Each op has a plain PyTorch reference (the CPU path and the test oracle);
+Triton kernels take over on CUDA tensors (and on CPU tensors under
+TRITON_INTERPRET=1). Importing this package never touches CUDA.
+"""
+from kernels.activation import silu_and_mul
+from kernels.attention import paged_decode_attention, paged_prefill_attention
+from kernels.awq import awq_dequantize, awq_gemm
+from kernels.kv_cache import write_kv_cache
+from kernels.norm import fused_add_rms_norm, rms_norm
+from kernels.rotary import rotary_embedding
+
+__all__ = [
+    "awq_dequantize",
+    "awq_gemm",
+    "fused_add_rms_norm",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "write_kv_cache",
+]

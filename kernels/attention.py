@@ -1,0 +1,334 @@
+"""Attention over a paged KV cache [num_blocks, block_size, Hkv, D].
+
+Decode: one query token per sequence. Prefill: variable-length query tokens
+packed without padding (query_start_loc), each sequence attending causally
+to its whole context, including a prefix already in the cache.
+Softmax in float32; GQA/MQA by grouping query heads over KV heads.
+Triton kernels: split-KV decode (one program per sequence, KV head and split,
+all query heads of the group together, then a reduction over splits) and a
+flash-style causal prefill; the references below are the CPU path and oracle.
+"""
+import torch
+import triton.language as tl
+
+from kernels._dispatch import lazy_jit, next_pow2, use_triton
+
+LOG2E = 1.4426950408889634
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """[length, Hkv, D] of one sequence, read through its block table."""
+    block_size = cache.shape[1]
+    nblocks = (length + block_size - 1) // block_size
+    blocks = block_table[:nblocks].long()
+    return cache[blocks].reshape(nblocks * block_size, *cache.shape[2:])[:length]
+
+
+def _attend(q, k, v, scale, mask=None):
+    """q [n, Hq, D], k/v [L, Hkv, D] -> [n, Hq, D]; mask [n, L] True = keep."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    qf = q.float().reshape(n, hkv, group, d)
+    scores = torch.einsum("nhgd,lhd->hgnl", qf, k.float()) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("hgnl,lhd->nhgd", probs, v.float())
+    return out.reshape(n, hq, d).to(q.dtype)
+
+
+def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        length = int(context_lens[b])
+        k = _gather_kv(k_cache, block_tables[b], length)
+        v = _gather_kv(v_cache, block_tables[b], length)
+        out[b] = _attend(q[b : b + 1], k, v, scale)[0]
+    return out
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float):
+    """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] -> [B, Hq, D]."""
+    if use_triton(q, k_cache, v_cache, block_tables, context_lens) and q.shape[0]:
+        return _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale):
+    out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    for b in range(len(starts) - 1):
+        s, e = starts[b], starts[b + 1]
+        n, length = e - s, int(context_lens[b])
+        if n == 0:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], length)
+        v = _gather_kv(v_cache, block_tables[b], length)
+        qpos = torch.arange(length - n, length, device=q.device)
+        kpos = torch.arange(length, device=q.device)
+        mask = kpos[None, :] <= qpos[:, None]
+        out[s:e] = _attend(q[s:e], k, v, scale, mask)
+    return out
+
+
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float):
+    """q [T, Hq, D] packed; query_start_loc int32 [B+1]; context_lens int32 [B]
+    (cached prefix + new tokens, whose KV is already written) -> [T, Hq, D].
+    Query token i of sequence b sits at position context_lens[b] - n_b + i."""
+    if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
+        return _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+    return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+
+
+# ---------------------------------------------------------------- decode
+
+def _decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_cb, stride_cs, stride_ch, stride_bt,
+    qk_scale, GROUP, D, PART, NUM_SPLITS,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, FP32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hkv = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(cl_ptr + b)
+    start = split * PART
+    end = tl.minimum(start + PART, ctx)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    gmask = g < GROUP
+    dmask = d < D
+    heads = hkv * GROUP + g
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+        row = page * stride_cb + (n % BLOCK_SIZE) * stride_cs + hkv * stride_ch
+        kvmask = nmask[:, None] & dmask[None, :]
+        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        if FP32:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        if FP32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    omask = gmask[:, None] & dmask[None, :]
+    if SPLIT:
+        # partial result of this split: normalised output, running max (log2), sum
+        prow = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + split
+        tl.store(po_ptr + prow[:, None] * D + d[None, :], o, mask=omask)
+        tl.store(pm_ptr + prow, m, mask=gmask)
+        tl.store(pl_ptr + prow, l, mask=gmask)
+    else:
+        tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+def _decode_reduce_kernel(
+    po_ptr, pm_ptr, pl_ptr, out_ptr, stride_ob, stride_oh, HQ, D, NUM_SPLITS,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = sp < NUM_SPLITS
+    prow = (b * HQ + h).to(tl.int64) * NUM_SPLITS + sp
+    m = tl.load(pm_ptr + prow, mask=smask, other=float("-inf"))
+    l = tl.load(pl_ptr + prow, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max) * l
+    o = tl.load(po_ptr + prow[:, None] * D + d[None, :], mask=smask[:, None] & (d[None, :] < D), other=0.0)
+    total = tl.sum(w, axis=0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+_decode = lazy_jit(_decode_kernel)
+_decode_reduce = lazy_jit(_decode_reduce_kernel)
+
+_SM_COUNT: dict = {}
+
+
+def _num_sms(device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: small, so tests exercise the split path
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _decode_block_n(device) -> int:
+    return 64 if device.type == "cuda" else 16
+
+
+def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device) -> tuple:
+    """(tokens per split, number of splits) for a launch: a function of shapes
+    only, never of context_lens values, so the grid is fixed for a CUDA graph."""
+    block_n = _decode_block_n(device)
+    max_ctx = max_blocks * block_size
+    min_part = 256 if device.type == "cuda" else 32
+    want = -(-2 * _num_sms(device) // (batch * num_kv_heads))
+    splits = max(1, min(want, -(-max_ctx // min_part)))
+    part = -(-max_ctx // splits)
+    part = -(-part // block_n) * block_n
+    return part, -(-max_ctx // part)
+
+
+def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
+    B, HQ, D = q.shape
+    _, block_size, HKV, _ = k_cache.shape
+    assert HQ % HKV == 0 and k_cache.shape == v_cache.shape
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert block_size & (block_size - 1) == 0, "block size must be a power of two"
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = HQ // HKV
+    out = torch.empty(B, HQ, D, dtype=q.dtype, device=q.device)
+    part, splits = decode_partition(B, HKV, block_tables.shape[1], block_size, q.device)
+    block_n = _decode_block_n(q.device)
+    fp32 = q.dtype == torch.float32
+    if splits > 1:
+        po = torch.empty(B * HQ * splits, D, dtype=torch.float32, device=q.device)
+        pm = torch.empty(B * HQ * splits, dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+    else:
+        po = pm = pl = out
+    block_d = next_pow2(D)
+    _decode[(B, HKV, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, po, pm, pl,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        float(scale) * LOG2E, group, D, part, splits,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, num_warps=4, num_stages=3,
+    )
+    if splits > 1:
+        _decode_reduce[(B, HQ)](
+            po, pm, pl, out, out.stride(0), out.stride(1), HQ, D, splits,
+            BLOCK_S=next_pow2(splits), BLOCK_D=block_d, num_warps=4,
+        )
+    return out
+
+
+# ---------------------------------------------------------------- prefill
+
+def _prefill_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, cl_ptr, out_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_cs, stride_ch, stride_bt,
+    qk_scale, GROUP, D,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, FP32: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    hkv = h // GROUP
+    q_start = tl.load(qsl_ptr + b)
+    n_new = tl.load(qsl_ptr + b + 1) - q_start
+    ctx = tl.load(cl_ptr + b)
+    prefix = ctx - n_new
+
+    i = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    imask = i < n_new
+    dmask = d < D
+    qpos = prefix + i
+    tok = (q_start + i).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=imask[:, None] & dmask[None, :], other=0.0)
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # keys up to the tile's last query position (0 when the tile is past n_new)
+    hi = tl.where(tile * BLOCK_M < n_new, tl.minimum(ctx, prefix + (tile + 1) * BLOCK_M), 0)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(0, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < hi
+        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+        row = page * stride_cb + (n % BLOCK_SIZE) * stride_cs + hkv * stride_ch
+        kvmask = nmask[:, None] & dmask[None, :]
+        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        if FP32:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        keep = nmask[None, :] & (n[None, :] <= qpos[:, None])
+        s = tl.where(keep, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        if FP32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
+
+
+_prefill = lazy_jit(_prefill_kernel)
+
+
+def _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale):
+    T, HQ, D = q.shape
+    _, block_size, HKV, _ = k_cache.shape
+    assert HQ % HKV == 0 and k_cache.shape == v_cache.shape
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert block_size & (block_size - 1) == 0, "block size must be a power of two"
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    B = query_start_loc.shape[0] - 1
+    out = torch.empty(T, HQ, D, dtype=q.dtype, device=q.device)
+    max_new = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # one host sync per prefill
+    if max_new == 0:
+        return out
+    fp32 = q.dtype == torch.float32
+    if q.device.type == "cuda":
+        block_m, block_n, warps, stages = (64, 32, 4, 2) if fp32 else (128, 64, 8, 3)
+    else:
+        block_m, block_n, warps, stages = 16, 16, 4, 1
+    grid = (-(-max_new // block_m), B, HQ)
+    _prefill[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        float(scale) * LOG2E, HQ // HKV, D,
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(D),
+        FP32=fp32, num_warps=warps, num_stages=stages,
+    )
+    return out

@@ -1,0 +1,62 @@
+"""KV-cache write by slot mapping: token t goes to flat slot slot_mapping[t]
+(block * block_size + offset); a slot of -1 is skipped (padding).
+One Triton program per token copies its K and V heads into the paged cache."""
+import torch
+import triton.language as tl
+
+from kernels._dispatch import lazy_jit, next_pow2, use_triton
+
+
+def write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping):
+    num_blocks, block_size, num_heads, head_dim = k_cache.shape
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    k_cache.view(-1, num_heads, head_dim).index_copy_(0, slots, key[valid].to(k_cache.dtype))
+    v_cache.view(-1, num_heads, head_dim).index_copy_(0, slots, value[valid].to(v_cache.dtype))
+
+
+def _write_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_cs, stride_ch,
+    H, D, block_size,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, BLOCK_D)[None, :]
+    valid = (tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot) >= 0
+    mask = (heads < H) & (dims < D) & valid
+    blk = slot // block_size
+    off = slot % block_size
+    dst = blk * stride_cb + off * stride_cs + heads * stride_ch + dims
+    k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+_write_kv = lazy_jit(_write_kv_kernel)
+
+
+def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """key, value [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D]."""
+    if not (use_triton(key, value, k_cache, v_cache, slot_mapping) and key.shape[0]):
+        write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping)
+        return
+    T, H, D = key.shape
+    assert value.shape == key.shape and k_cache.shape == v_cache.shape
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    if key.stride(-1) != 1:
+        key = key.contiguous()
+    if value.stride(-1) != 1:
+        value = value.contiguous()
+    block_h, block_d = next_pow2(H), next_pow2(D)
+    _write_kv[(T,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        H, D, k_cache.shape[1],
+        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 4096 else 8,
+    )

@@ -1,0 +1,75 @@
+"""RMSNorm and fused residual-add + RMSNorm (Llama style: float32 statistics).
+One Triton program per row; the reference is the CPU path and test oracle."""
+import torch
+import triton.language as tl
+
+from kernels._dispatch import lazy_jit, next_pow2, use_triton
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr,
+    stride_x, stride_r, stride_o, H, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        # residual += x, rounded to the residual's dtype as the in-place add is
+        r = (r.to(tl.float32) + x.to(tl.float32)).to(r_ptr.dtype.element_ty)
+        tl.store(r_ptr + row * stride_r + cols, r, mask=mask)
+        h = r.to(tl.float32)
+        in_ty = r_ptr.dtype.element_ty
+    else:
+        h = x.to(tl.float32)
+        in_ty = x_ptr.dtype.element_ty
+    var = tl.sum(h * h, axis=0) / H
+    h = (h * tl.rsqrt(var + eps)).to(in_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (h * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_rms_norm = lazy_jit(_rms_norm_kernel)
+
+
+def _launch(x, residual, weight, eps):
+    H = x.shape[-1]
+    x2 = x.reshape(-1, H)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    r2 = x2
+    if residual is not None:
+        r2 = residual.view(-1, H)  # in place: must be a view of residual
+        assert r2.stride(-1) == 1, "residual must be contiguous along the hidden dim"
+    in_dtype = x.dtype if residual is None else residual.dtype
+    out = torch.empty(x2.shape, dtype=torch.promote_types(weight.dtype, in_dtype), device=x.device)
+    block = next_pow2(H)
+    warps = 4 if block <= 1024 else 8
+    _rms_norm[(x2.shape[0],)](
+        x2, r2, weight, out, x2.stride(0), r2.stride(0), out.stride(0), H, float(eps),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps,
+    )
+    return out.view(*x.shape[:-1], H)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x, weight) and x.numel():
+        return _launch(x, None, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """residual += x (in place); returns (rms_norm(residual), residual)."""
+    if use_triton(x, residual, weight) and x.numel():
+        assert x.shape == residual.shape, (x.shape, residual.shape)
+        return _launch(x, residual, weight, eps), residual
+    residual.add_(x)
+    return rms_norm(residual, weight, eps), residual

@@ -1,0 +1,133 @@
+"""Checkpoint loading: transformers 4 and 5 config styles, sharded
+safetensors, and clear errors (before any weight is read) for what we do not run."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.model.loader import read_model_spec
+
+PROMPT = {"prompt_token_ids": [5, 17, 33, 120, 64, 9, 250]}
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+def _copy(src, dst, edit_config=None, drop_weights=False):
+    shutil.copytree(src, dst)
+    if edit_config:
+        path = os.path.join(dst, "config.json")
+        cfg = json.load(open(path))
+        edit_config(cfg)
+        json.dump(cfg, open(path, "w"))
+    if drop_weights:
+        for f in os.listdir(dst):
+            if f.endswith(".safetensors"):
+                os.remove(os.path.join(dst, f))
+    return dst
+
+
+def _tokens(path, **kw):
+    return LLM(path, num_kv_blocks=64, **kw).generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+
+
+def test_transformers4_style_rope_config_gives_same_model(tiny_llama_dir, tmp_path):
+    def to_v4(cfg):
+        params = cfg.pop("rope_parameters")
+        cfg["rope_theta"] = params.pop("rope_theta")
+        cfg["rope_scaling"] = params
+        cfg["transformers_version"] = "4.46.0"
+
+    v4 = _copy(tiny_llama_dir, tmp_path / "v4", to_v4)
+    spec4, spec5 = read_model_spec(str(v4)), read_model_spec(tiny_llama_dir)
+    assert spec4.rope_theta == spec5.rope_theta and spec4.rope_scaling["rope_type"] == "llama3"
+    assert spec4.rope_scaling["factor"] == spec5.rope_scaling["factor"] == 8.0
+    assert _tokens(str(v4)) == _tokens(tiny_llama_dir)
+
+
+def test_linear_rope_scaling_matches_transformers(tiny_llama_dir, tmp_path):
+    from tests import models
+
+    path = models.make_checkpoint(str(tmp_path / "linear"), "llama", seed=9,
+                                  rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})
+    ours = LLM(path, num_kv_blocks=64).generate([PROMPT], SamplingParams(max_tokens=10, temperature=0))[0]
+    assert ours.outputs[0].token_ids == models.hf_greedy(path, PROMPT["prompt_token_ids"], 10)
+
+
+def test_sharded_checkpoint_with_index(tiny_llama_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    dst = _copy(tiny_llama_dir, tmp_path / "sharded", drop_weights=True)
+    tensors = load_file(os.path.join(tiny_llama_dir, "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, os.path.join(dst, file))
+        weight_map.update({k: file for k in keys})
+    json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+    assert _tokens(str(dst)) == _tokens(tiny_llama_dir)
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda c: c.update(architectures=["GPT2LMHeadModel"]), "architecture 'GPT2LMHeadModel'"),
+    (lambda c: c["rope_parameters"].update(rope_type="yarn"), "rope scaling 'yarn'"),
+    (lambda c: c.update(quantization_config={"quant_method": "gptq", "bits": 4}), "quantization method 'gptq'"),
+    (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 8, "group_size": 128}), "8 bits"),
+    (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4, "group_size": 96}), "group size 96"),
+    (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128,
+                                             "version": "gemv"}), "version 'gemv'"),
+])
+def test_unsupported_is_named_before_weights_are_read(tiny_llama_dir, tmp_path, edit, words):
+    # weights removed: the error must come from the config, not from missing weights
+    bad = _copy(tiny_llama_dir, tmp_path / "bad", edit, drop_weights=True)
+    with pytest.raises(UnsupportedModelError) as err:
+        LLM(str(bad), num_kv_blocks=8)
+    assert words in str(err.value) and err.value.code == "model_load_failed"
+
+
+def test_mistral_sliding_window_shorter_than_context_is_refused(tiny_mistral_dir, tmp_path):
+    bad = _copy(tiny_mistral_dir, tmp_path / "sw", lambda c: c.update(sliding_window=64), drop_weights=True)
+    with pytest.raises(UnsupportedModelError, match="sliding window 64"):
+        LLM(str(bad), num_kv_blocks=8)
+    ok = _copy(tiny_mistral_dir, tmp_path / "sw-ok", lambda c: c.update(sliding_window=4096))
+    assert _tokens(str(ok), max_model_len=512) == _tokens(tiny_mistral_dir)
+
+
+def test_pickle_checkpoints_are_refused(tiny_llama_dir, tmp_path):
+    dst = _copy(tiny_llama_dir, tmp_path / "pickle", drop_weights=True)
+    torch.save({"x": torch.zeros(1)}, os.path.join(dst, "pytorch_model.bin"))
+    with pytest.raises(ModelLoadError, match="pickle"):
+        LLM(str(dst), num_kv_blocks=8)
+
+
+def test_missing_and_unexpected_tensors_fail_clearly(tiny_llama_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    dst = _copy(tiny_llama_dir, tmp_path / "missing", drop_weights=True)
+    tensors = load_file(os.path.join(tiny_llama_dir, "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="lacks"):
+        LLM(str(dst), num_kv_blocks=8)
+    tensors = load_file(os.path.join(tiny_llama_dir, "model.safetensors"))
+    tensors["model.layers.0.mlp.extra_proj.weight"] = torch.zeros(2, 2)
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="no place"):
+        LLM(str(dst), num_kv_blocks=8)
+
+
+def test_hub_id_offline_fails_with_model_load_failed(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError) as err:
+        LLM("someone/not-cached-model", num_kv_blocks=8)
+    assert "someone/not-cached-model" in str(err.value)
+
+
+def test_dtype_auto_is_float32_on_cpu(tiny_qwen2_dir):
+    llm = LLM(tiny_qwen2_dir, num_kv_blocks=8)
+    assert llm.engine.dtype == torch.float32 and llm.engine.device == "cpu"
+    assert llm.engine.spec.tie_word_embeddings and llm.engine.spec.attention_bias

@@ -1,0 +1,61 @@
+"""Scheduler: one token budget per step (decodes first, then prefill chunks),
+max_num_seqs, priority then arrival order, preemption of the latest/lowest."""
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+P = SamplingParams(max_tokens=8)
+
+
+def seq(rid, n, priority=0):
+    return Sequence(rid, None, list(range(1, n + 1)), P, 8, priority=priority)
+
+
+def advance(sched, out, sample=True):
+    """What the engine does after a step: tokens computed, one sampled where the prompt is done."""
+    for s, n in out.scheduled:
+        s.num_computed_tokens += n
+        if sample and s.num_computed_tokens == s.num_tokens:
+            s.token_ids.append(7)
+
+
+def test_budget_decodes_first_then_chunks():
+    sched = Scheduler(BlockManager(64, 4, False), max_num_seqs=8, max_num_batched_tokens=10)
+    a, b = seq("a", 3), seq("b", 30)
+    sched.add(a)
+    advance(sched, sched.schedule())  # a prefilled
+    sched.add(b)
+    out = sched.schedule()
+    assert [(s.request_id, n) for s, n in out.scheduled] == [("a", 1), ("b", 9)]
+    assert out.num_batched_tokens == 10
+    advance(sched, out)
+    out = sched.schedule()
+    assert [(s.request_id, n) for s, n in out.scheduled] == [("a", 1), ("b", 9)]
+
+
+def test_max_num_seqs_and_priority_order():
+    sched = Scheduler(BlockManager(64, 4, False), max_num_seqs=2, max_num_batched_tokens=100)
+    for s in (seq("low", 4, priority=5), seq("mid", 4, priority=1), seq("high", 4, priority=0), seq("mid2", 4, 1)):
+        sched.add(s)
+    out = sched.schedule()
+    assert [s.request_id for s, _ in out.scheduled] == ["high", "mid"]
+    assert [s.request_id for s in sched.waiting] == ["mid2", "low"]
+
+
+def test_preemption_takes_the_latest_and_puts_it_first_in_line():
+    bm = BlockManager(4, 4, False)  # 16 slots
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    a, b = seq("a", 7), seq("b", 8)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    assert len(out.scheduled) == 2 and bm.num_free_blocks == 0
+    advance(sched, out)
+    late = seq("c", 2)
+    sched.add(late)
+    out = sched.schedule()  # a needs no block (8 tokens); b needs a 3rd block: b is the victim
+    assert [s.request_id for s in out.preempted] == ["b"]
+    assert [s.request_id for s in sched.waiting] == ["b", "c"]
+    assert b.num_computed_tokens == 0 and not b.block_table and b.num_tokens == 9
+    assert sched.num_preemptions == 1

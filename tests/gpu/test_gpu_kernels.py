@@ -1,0 +1,174 @@
+"""Triton kernels on the GPU at Qwen2.5-7B shapes (hidden 3584, 28 q heads,
+4 kv heads, head dim 128) against the PyTorch reference in float32."""
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+HQ, HKV, D, HIDDEN, INTER = 28, 4, 128, 3584, 18944
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1.5e-2}
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(out, ref, dtype, what):
+    assert not torch.isnan(out).any(), f"{what}: NaN (unwritten output?)"
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"{what}: rel err {err:.3g}"
+
+
+@pytest.fixture
+def gen():
+    g = torch.Generator(device="cuda")
+    g.seed()
+    return g
+
+
+@pytest.fixture(autouse=True)
+def poison_cuda_alloc(monkeypatch):
+    """Fresh CUDA allocations come back NaN-filled, so unwritten outputs fail."""
+    real_empty = torch.empty
+
+    def empty(*a, **k):
+        t = real_empty(*a, **k)
+        if t.is_cuda and t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def _rand(shape, dtype, gen, scale=1.0):
+    return (torch.randn(shape, device="cuda", generator=gen) * scale).to(dtype)
+
+
+def _paged(batch, max_blocks, block_size, dtype, gen):
+    nb = batch * max_blocks + 5
+    k = _rand((nb, block_size, HKV, D), dtype, gen)
+    v = _rand((nb, block_size, HKV, D), dtype, gen)
+    tables = torch.randperm(nb, device="cuda", generator=gen)[: batch * max_blocks]
+    return k, v, tables.view(batch, max_blocks).int().contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,max_ctx", [(3, 300), (8, 2048), (2, 8192)])
+def test_decode_attention_real_shapes(dtype, batch, max_ctx, gen):
+    from kernels.attention import paged_decode_attention, paged_decode_attention_reference
+
+    bs = 16
+    k, v, bt = _paged(batch, max_ctx // bs + 1, bs, dtype, gen)
+    lens = torch.randint(1, max_ctx + 1, (batch,), device="cuda", generator=gen).int()
+    q = _rand((batch, HQ, D), dtype, gen)
+    out = paged_decode_attention(q, k, v, bt, lens, D**-0.5)
+    ref = paged_decode_attention_reference(q.float(), k.float(), v.float(), bt, lens, D**-0.5)
+    check(out, ref, dtype, "decode")
+
+
+def test_decode_attention_in_cuda_graph_with_new_lengths(gen):
+    from kernels.attention import paged_decode_attention, paged_decode_attention_reference
+
+    batch, bs, max_blocks = 8, 16, 64
+    k, v, bt = _paged(batch, max_blocks, bs, torch.bfloat16, gen)
+    q = _rand((batch, HQ, D), torch.bfloat16, gen)
+    lens = torch.full((batch,), 100, dtype=torch.int32, device="cuda")
+    paged_decode_attention(q, k, v, bt, lens, 0.088)  # warm up / compile outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_decode_attention(q, k, v, bt, lens, 0.088)
+    for _ in range(3):
+        lens.copy_(torch.randint(1, max_blocks * bs + 1, (batch,), device="cuda", generator=gen))
+        q.copy_(_rand((batch, HQ, D), torch.bfloat16, gen))
+        graph.replay()
+        ref = paged_decode_attention_reference(q.float(), k.float(), v.float(), bt, lens, 0.088)
+        check(out, ref, torch.bfloat16, "decode in graph")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_real_shapes(dtype, gen):
+    from kernels.attention import paged_prefill_attention, paged_prefill_attention_reference
+
+    seqs = [(700, 0), (129, 512), (1, 1000), (333, 64)]  # (new, cached prefix)
+    bs = 16
+    lens = torch.tensor([n + p for n, p in seqs], dtype=torch.int32, device="cuda")
+    k, v, bt = _paged(len(seqs), int(lens.max()) // bs + 1, bs, dtype, gen)
+    n_new = torch.tensor([n for n, _ in seqs], device="cuda")
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32, device="cuda")
+    qsl[1:] = n_new.cumsum(0)
+    q = _rand((int(n_new.sum()), HQ, D), dtype, gen)
+    out = paged_prefill_attention(q, k, v, bt, qsl, lens, D**-0.5)
+    ref = paged_prefill_attention_reference(q.float(), k.float(), v.float(), bt, qsl, lens, D**-0.5)
+    check(out, ref, dtype, "prefill")
+
+
+def _awq(K, N, G, dtype, gen):
+    from kernels.awq import pack_awq_int4
+
+    q = torch.randint(0, 16, (K, N), device="cuda", generator=gen)
+    z = torch.randint(0, 16, (K // G, N), device="cuda", generator=gen)
+    s = (torch.rand(K // G, N, device="cuda", generator=gen) * 0.01 + 0.001).to(dtype)
+    return pack_awq_int4(q), pack_awq_int4(z), s
+
+
+@pytest.mark.parametrize("K,N", [(3584, 4608), (18944, 3584)])
+@pytest.mark.parametrize("M", [1, 16, 64, 200, 1024])
+def test_awq_gemm_every_config(K, N, M, gen):
+    """Each candidate the autotuner may pick, and the public call, are right."""
+    from kernels import awq
+
+    dtype = torch.bfloat16
+    qw, qz, s = _awq(K, N, 128, dtype, gen)
+    x = _rand((M, K), dtype, gen)
+    ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
+    for cfg in awq._gemm_configs(M, x.device):
+        check(awq._gemm_launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {cfg}")
+    check(awq.awq_gemm(x, qw, qz, s, 128), ref, dtype, "awq_gemm")
+
+
+def test_awq_gemm_float32(gen):
+    from kernels import awq
+
+    qw, qz, s = _awq(3584, 512, 128, torch.float32, gen)
+    x = _rand((8, 3584), torch.float32, gen)
+    check(awq.awq_gemm(x, qw, qz, s, 128), awq.awq_gemm_reference(x, qw, qz, s, 128), torch.float32, "awq f32")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_rotary_silu_kv_write_real_shapes(dtype, gen):
+    from kernels import activation, kv_cache, norm, rotary
+
+    T = 257
+    x, res, w = _rand((T, HIDDEN), dtype, gen), _rand((T, HIDDEN), dtype, gen), _rand((HIDDEN,), dtype, gen)
+    check(norm.rms_norm(x, w, 1e-6), norm.rms_norm_reference(x.float(), w.float(), 1e-6), dtype, "rms")
+    res_ref = res.float() + x.float()
+    out, _ = norm.fused_add_rms_norm(x, res, w, 1e-6)
+    check(res, res_ref, dtype, "residual")
+    check(out, norm.rms_norm_reference(res_ref, w.float(), 1e-6), dtype, "fused")
+
+    g = _rand((T, 2 * INTER), dtype, gen)
+    check(activation.silu_and_mul(g), activation.silu_and_mul_reference(g.float()), dtype, "silu")
+
+    qkv = _rand((T, (HQ + 2 * HKV) * D), dtype, gen)
+    q, k = qkv[:, : HQ * D].view(T, HQ, D), qkv[:, HQ * D : (HQ + HKV) * D].view(T, HKV, D)
+    qr, kr = q.float().clone(), k.float().clone()
+    inv = 1.0 / 1e6 ** (torch.arange(0, D, 2, device="cuda").float() / D)
+    f = torch.arange(4096, device="cuda").float()[:, None] * inv
+    cache = torch.cat([f.cos(), f.sin()], -1)
+    pos = torch.randint(0, 4096, (T,), device="cuda", generator=gen)
+    rotary.rotary_embedding_reference(pos, qr, kr, cache)
+    rotary.rotary_embedding(pos, q, k, cache)
+    check(q, qr, dtype, "rope q")
+    check(k, kr, dtype, "rope k")
+
+    kc = torch.full((40, 16, HKV, D), float("nan"), dtype=dtype, device="cuda")
+    vc, kc_ref, vc_ref = kc.clone(), kc.clone(), kc.clone()
+    key, val = _rand((T, HKV, D), dtype, gen), _rand((T, HKV, D), dtype, gen)
+    slots = torch.randperm(40 * 16, device="cuda", generator=gen)[:T]
+    slots[::7] = -1
+    kv_cache.write_kv_cache_reference(key, val, kc_ref, vc_ref, slots)
+    kv_cache.write_kv_cache(key, val, kc, vc, slots)
+    assert torch.equal(kc.nan_to_num(0), kc_ref.nan_to_num(0)) and torch.equal(kc.isnan(), kc_ref.isnan())
+    assert torch.equal(vc.nan_to_num(0), vc_ref.nan_to_num(0))

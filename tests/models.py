@@ -1,0 +1,104 @@
+"""Tiny random checkpoints of real architectures, saved with transformers,
+with a byte-level BPE tokenizer trained here (English and Korean text)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+TOKENIZER_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Meeting notes: the team discussed the budget, the roadmap and hiring plans for next quarter.",
+    "Action items: Alice sends the report on Friday; Bob reviews the contract.",
+    "회의록: 오늘 회의에서 예산과 일정, 채용 계획을 논의했습니다.",
+    "결정 사항: 다음 주 금요일까지 보고서를 제출합니다. 감사합니다!",
+    "What is the capital of France? Paris is the capital of France.",
+    "日本語のテキストも少し含めます。東京は日本の首都です。",
+]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tokenizer(vocab_size: int = 400):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TOKENIZER_TEXT * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(arch: str, vocab_size: int, **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
+    )
+    common.update(overrides)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen2":
+        common.setdefault("tie_word_embeddings", True)
+        return Qwen2Config(**common)
+    if arch == "mistral":
+        common.setdefault("sliding_window", None)
+        return MistralConfig(**common)
+    raise ValueError(arch)
+
+
+def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) -> str:
+    """Save a random model of `arch` with the tiny tokenizer into path."""
+    from transformers import AutoModelForCausalLM
+
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    tok = make_tokenizer()
+    cfg = tiny_config(arch, len(tok), **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if arch == "qwen2":  # biases start at zero; make them matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.2)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy generate on one prompt, float32, EOS stops."""
+    from transformers import AutoModelForCausalLM
+
+    model = _hf_model(path)
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+_HF_CACHE: dict[str, object] = {}
+
+
+def _hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    if path not in _HF_CACHE:
+        _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return _HF_CACHE[path]
