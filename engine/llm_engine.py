@@ -216,6 +216,9 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(seq)
             if sample is None:
                 return [None]  # a prefill chunk: nothing to report yet
+            if sample.error is not None:
+                return [self._fail(seq, RequestFailedError(f"request {seq.request_id}: {sample.error}",
+                                                           reason="non_finite_logits"))]
             if seq.first_token_time is None:
                 seq.first_token_time = time.monotonic()
             token = sample.token_id

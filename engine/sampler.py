@@ -14,6 +14,7 @@ class SampleResult:
     token_id: int
     logprob: float
     top_logprobs: dict[int, float] | None
+    error: str | None = None  # set when this request's logits were unusable
 
 
 def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
@@ -62,7 +63,11 @@ class Sampler:
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         results = []
+        bad_rows = (~torch.isfinite(logits)).any(dim=-1).tolist()
         for row, seq in enumerate(seqs):
+            if bad_rows[row]:
+                results.append(SampleResult(-1, 0.0, None, error="the model produced NaN or infinite logits"))
+                continue
             x = _apply_penalties(logits[row].clone(), seq)
             banned = self._banned(seq)
             if banned:

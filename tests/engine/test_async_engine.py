@@ -152,3 +152,30 @@ def test_prompt_too_long_and_kv_capacity_raise_before_work(tiny_llama_dir):
     assert long_err.details == {"prompt_tokens": 64, "max_model_len": 64}
     assert kv_err.details == {"needed_tokens": 40, "capacity_tokens": 32}
     assert ok[-1].finished and stats["kv_blocks_free"] == 2
+
+
+def test_non_finite_logits_fail_only_that_request(tiny_llama_dir):
+    async def run():
+        engine = make(tiny_llama_dir)
+        runner = engine.engine.runner
+        real = runner.execute
+
+        def poisoned(scheduled):
+            logits = real(scheduled).clone()
+            rows = [s for s, n in scheduled if s.num_computed_tokens + n == s.num_tokens]
+            for i, s in enumerate(rows):
+                if s.request_id == "n3" and s.num_output_tokens == 4:
+                    logits[i, 7] = float("nan")
+            return logits
+
+        runner.execute = poisoned
+        results = await asyncio.gather(*(collect(engine, p, f"n{i}") for i, p in enumerate(PROMPTS)),
+                                       return_exceptions=True)
+        stats = engine.stats()
+        await engine.shutdown()
+        return results, stats
+
+    results, stats = asyncio.run(run())
+    assert isinstance(results[3], RequestFailedError) and "NaN" in str(results[3])
+    assert all(r[-1].finished for i, r in enumerate(results) if i != 3)
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

@@ -104,3 +104,19 @@ def test_logprobs_are_normalized_and_include_sampled(llm):
         assert max(lp.values()) == lp[tok]  # greedy picks the top one
         assert all(v <= 0 for v in lp.values())
     assert math.isclose(out.cumulative_logprob, sum(lp[t] for t, lp in zip(out.token_ids, out.logprobs)), rel_tol=1e-5)
+
+
+def test_chat_applies_the_template(llm):
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    tok = llm.get_tokenizer()
+    chat = llm.chat([conv], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.prompt_token_ids == tok.encode(prompt)
+    plain = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    assert chat.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_chat_rejects_malformed_messages(llm):
+    with pytest.raises(InvalidInputError) as err:
+        llm.chat([[{"role": "user"}]], SamplingParams(max_tokens=2))
+    assert err.value.field == "messages[0]"

@@ -1,0 +1,136 @@
+"""CPU benchmarks (BENCHMARKS.md C1, C2) on the 2-core machine.
+
+C1: the embedded default model (SmolLM2-135M AWQ), 128 output tokens, 1
+request and 8 concurrent, against transformers `generate` on the same
+weights dequantized. C2: cold start of `python -m handler --test_input`
+(process start to first token). Prints a table; writes JSON.
+
+    python benchmarks/cpu.py [--model PATH] [--tokens 128] [--out benchmarks/results/cpu.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PROMPTS = [
+    "Summarize the meeting: the team agreed to move the launch to May.",
+    "Write a short note about the budget review held on Monday.",
+    "List three action items from a planning meeting about hiring.",
+    "Explain in two sentences why the release was delayed.",
+    "Draft a reminder to send the quarterly report by Friday.",
+    "Describe the agenda of a product roadmap meeting.",
+    "Summarize: sales grew by ten percent and costs stayed flat.",
+    "What decisions were made about the office move next year?",
+]
+
+
+def hf_peer(path: str):
+    """transformers' model with every AWQ linear dequantized (our reference unpacking)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import kernels
+
+    cfg = AutoConfig.from_pretrained(path)
+    group = cfg.quantization_config["group_size"]
+    del cfg.quantization_config
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    sd = {}
+    for f in os.listdir(path):
+        if f.endswith(".safetensors"):
+            sd.update(load_file(os.path.join(path, f)))
+    params = dict(model.named_parameters())
+    for name, t in sd.items():
+        if name.endswith(".qweight"):
+            base = name[: -len(".qweight")]
+            w = kernels.awq_dequantize(t, sd[base + ".qzeros"], sd[base + ".scales"], group, torch.float32)
+            params[base + ".weight"].data.copy_(w.t())
+        elif name in params:
+            params[name].data.copy_(t.float())
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+def same_length_prompts(tok, n: int) -> list[list[int]]:
+    ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+           for p in PROMPTS[:n]]
+    ids = [x["input_ids"] if isinstance(x, dict) else list(x) for x in ids]
+    shortest = min(len(x) for x in ids)
+    return [x[-shortest:] for x in ids]  # equal lengths: the peer needs no padding
+
+
+def c1(path: str, tokens: int) -> list[dict]:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(path, max_model_len=2048, num_kv_blocks=1024)
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    peer = hf_peer(path)
+    rows = []
+    for n in (1, 8):
+        prompts = same_length_prompts(llm.get_tokenizer(), n)
+        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4, temperature=0))  # warm
+        t = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        ours = n * tokens / (time.perf_counter() - t)
+        ids = torch.tensor(prompts)
+        with torch.no_grad():
+            peer.generate(ids[:1, :8], max_new_tokens=4, do_sample=False)  # warm
+            t = time.perf_counter()
+            peer.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                          do_sample=False, pad_token_id=0)
+            theirs = n * tokens / (time.perf_counter() - t)
+        rows.append({"id": "C1", "case": f"{n} request(s) x {tokens} tokens", "ours_tok_s": round(ours, 1),
+                     "peer_tok_s": round(theirs, 1), "ratio_to_peer": round(ours / theirs, 2),
+                     "target_peer": 1.5 if n == 8 else None, "ratio_to_floor": None, "target_floor": None})
+    return rows
+
+
+def c2() -> list[dict]:
+    job = json.dumps({"input": {"prompt": "Say hello.", "sampling_params": {"max_tokens": 8}}})
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "handler", "--test_input", job], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800)
+    total = time.perf_counter() - t
+    line = next((l for l in (proc.stdout + proc.stderr).splitlines() if "cold start" in l.lower()), "")
+    return [{"id": "C2", "case": "python -m handler --test_input, model prepared", "process_s": round(total, 1),
+             "cold_start_line": line.strip(), "exit_code": proc.returncode,
+             "ratio_to_floor": None, "target_floor": None, "ratio_to_peer": None, "target_peer": None}]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="an AWQ checkpoint folder (default: the embedded default model)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--skip-c2", action="store_true")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cpu.json"))
+    args = ap.parse_args()
+    path = args.model
+    if path is None:
+        from handler.default_model import ensure_default_model
+
+        path = ensure_default_model()
+    rows = c1(path, args.tokens) + ([] if args.skip_c2 else c2())
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"torch_threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+    print(f"{'id':4} {'case':48} {'ours':>9} {'peer':>9} {'ratio':>6} {'target':>6}")
+    for r in rows:
+        if r["id"] == "C1":
+            print(f"{r['id']:4} {r['case']:48} {r['ours_tok_s']:>9} {r['peer_tok_s']:>9} {r['ratio_to_peer']:>6} "
+                  f"{r['target_peer'] or '-':>6}")
+        else:
+            print(f"{r['id']:4} {r['case']:48} {r['process_s']:>8}s  {r['cold_start_line']}")
+
+
+if __name__ == "__main__":
+    main()
