@@ -22,6 +22,7 @@ class AsyncLLMEngine:
         self._wake: asyncio.Event | None = None
         self._lock = None  # engine calls run in one worker thread at a time
         self._dead: EngineError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncLLMEngine":
@@ -52,9 +53,12 @@ class AsyncLLMEngine:
         return {**self.engine.stats(), "num_streams": len(self._queues)}
 
     def _ensure_loop(self):
-        if self._wake is None:
+        loop = asyncio.get_running_loop()
+        if self._wake is None or self._loop is not loop:  # first use, or a new event loop
+            self._loop = loop
             self._wake = asyncio.Event()
             self._lock = asyncio.Lock()
+            self._loop_task = None
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
 

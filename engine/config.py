@@ -22,6 +22,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     seed: int = 0
+    load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
     # Off by default. {"oom_at_step": N, "oom_request_id": "id"} raises
     # torch.OutOfMemoryError in step N for the batch holding that request
     # (and for it alone when retried), to test the out-of-memory contract.
@@ -45,5 +46,7 @@ class EngineConfig:
             raise InvalidInputError("num_kv_blocks must be >= 1", field="num_kv_blocks")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidInputError("max_model_len must be >= 2", field="max_model_len")
+        if self.load_format not in ("auto", "dummy"):
+            raise InvalidInputError(f"load_format {self.load_format!r} is not auto or dummy", field="load_format")
         if self.quantization not in (None, "awq", "none"):
             raise InvalidInputError(f"quantization {self.quantization!r} is not supported (awq or none)", field="quantization")

@@ -61,7 +61,10 @@ class LLMEngine:
         t0 = time.monotonic()
         try:
             model = LlamaForCausalLM(spec, self.dtype, self.device, max_positions=self.max_model_len)
-            model.load_weights(loader.iter_weights(loader.safetensors_files(path), "cpu"))
+            if config.load_format == "dummy":
+                model.init_dummy_weights(config.seed)
+            else:
+                model.load_weights(loader.iter_weights(loader.safetensors_files(path), "cpu"))
         except ModelLoadError:
             raise
         except (ValueError, RuntimeError) as exc:
@@ -242,7 +245,8 @@ class LLMEngine:
             seq.finish_reason, seq.stop_reason = "stop", (None if is_eos else token)
             seq.detok.flush()
             return
-        seq.detok.add(token)
+        if p.detokenize:
+            seq.detok.add(token)
         if seq.num_output_tokens >= p.min_tokens:
             hit = seq.stop_checker.check(seq.detok.text)
             if hit is not None:

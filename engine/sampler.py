@@ -59,34 +59,43 @@ class Sampler:
         return sorted(self.eos_token_ids | set(seq.params.stop_token_ids))
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        """logits [S, V] for S requests, in order."""
+        """logits [S, V] for S requests, in order. Greedy rows are decided in one
+        batched argmax; only rows with penalties, bans or sampling take a row of work."""
         logits = logits.float()
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-        results = []
         bad_rows = (~torch.isfinite(logits)).any(dim=-1).tolist()
+        x = logits.clone()
+        for row, seq in enumerate(seqs):
+            p = seq.params
+            if bad_rows[row]:
+                continue
+            if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                x[row] = _apply_penalties(x[row], seq)
+            banned = self._banned(seq)
+            if banned:
+                x[row, torch.tensor(banned, device=x.device)] = float("-inf")
+        tokens = x.argmax(dim=-1)
+        for row, seq in enumerate(seqs):
+            if seq.params.greedy or bad_rows[row]:
+                continue
+            probs = torch.softmax(_filter(x[row], seq), -1).cpu()
+            if seq.generator is None and seq.params.seed is not None:
+                seq.generator = torch.Generator().manual_seed(seq.params.seed)
+            gen = seq.generator or self.generator
+            tokens[row] = int(torch.multinomial(probs, 1, generator=gen))
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        token_list, chosen_list = tokens.tolist(), chosen.tolist()
+        results = []
         for row, seq in enumerate(seqs):
             if bad_rows[row]:
                 results.append(SampleResult(-1, 0.0, None, error="the model produced NaN or infinite logits"))
                 continue
-            x = _apply_penalties(logits[row].clone(), seq)
-            banned = self._banned(seq)
-            if banned:
-                x[torch.tensor(banned, device=x.device)] = float("-inf")
-            if seq.params.greedy:
-                token = int(torch.argmax(x))
-            else:
-                probs = torch.softmax(_filter(x, seq), -1).cpu()
-                if seq.generator is None and seq.params.seed is not None:
-                    seq.generator = torch.Generator().manual_seed(seq.params.seed)
-                gen = seq.generator or self.generator
-                token = int(torch.multinomial(probs, 1, generator=gen))
-            lp = raw_logprobs[row]
+            token = token_list[row]
             top = None
             if seq.params.logprobs is not None:
-                k = seq.params.logprobs
-                top = {token: float(lp[token])}
-                if k:
-                    vals, ids = torch.topk(lp, k)
-                    top.update({int(i): float(v) for i, v in zip(ids, vals)})
-            results.append(SampleResult(token, float(lp[token]), top))
+                top = {token: chosen_list[row]}
+                if seq.params.logprobs:
+                    vals, ids = torch.topk(raw_logprobs[row], seq.params.logprobs)
+                    top.update(zip(ids.tolist(), vals.tolist()))
+            results.append(SampleResult(token, chosen_list[row], top))
         return results

@@ -38,6 +38,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    detokenize: bool = True  # False: token ids only (benchmarks), no text and no stop strings
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -64,6 +65,8 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be integers >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
+        _check(isinstance(self.detokenize, bool), "detokenize", "must be a boolean")
+        _check(self.detokenize or not self.stop, "stop", "needs detokenize=True")
         if self.logprobs is not None:
             _check(_is_int(self.logprobs) and 0 <= self.logprobs <= 20, "logprobs", "must be an integer in [0, 20]")
 

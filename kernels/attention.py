@@ -117,6 +117,7 @@ def _decode_kernel(
         row = page * stride_cb + (n % BLOCK_SIZE) * stride_cs + hkv * stride_ch
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)  # in flight with k
         if FP32:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -126,7 +127,6 @@ def _decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
         if FP32:
             pv = tl.dot(p, v, input_precision="ieee")
         else:
@@ -192,8 +192,8 @@ def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size:
     only, never of context_lens values, so the grid is fixed for a CUDA graph."""
     block_n = _decode_block_n(device)
     max_ctx = max_blocks * block_size
-    min_part = 256 if device.type == "cuda" else 32
-    want = -(-2 * _num_sms(device) // (batch * num_kv_heads))
+    min_part = 64 if device.type == "cuda" else 32
+    want = -(-4 * _num_sms(device) // (batch * num_kv_heads))  # about 4 programs per SM
     splits = max(1, min(want, -(-max_ctx // min_part)))
     part = -(-max_ctx // splits)
     part = -(-part // block_n) * block_n

@@ -106,6 +106,124 @@ def _awq_gemm_kernel(
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
+def _awq_gemm_planes_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr,
+    M, N, K, stride_xm, stride_om, G, k_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N8: tl.constexpr, BLOCK_K: tl.constexpr,
+    ATOMIC: tl.constexpr, FP32: tl.constexpr,
+):
+    """Like _awq_gemm_kernel, without widening the packed words: nibble plane j
+    of a [BLOCK_K, BLOCK_N8] tile is the weight of columns 8 * i + AWQ_ORDER[j],
+    multiplied in its own accumulator (no shuffles between lanes)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    N8 = N // 8
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn8 = pid_n * BLOCK_N8 + tl.arange(0, BLOCK_N8)
+    mmask = rm < M
+    n8mask = rn8 < N8
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc4 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc5 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc6 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    acc7 = tl.zeros([BLOCK_M, BLOCK_N8], tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        g = k0 // G  # BLOCK_K divides G: one group per step, its zeros and scales loaded once
+        zp = tl.load(qz_ptr + g * N8 + rn8, mask=n8mask, other=0)
+        srow = s_ptr + g * N + rn8 * 8
+        a = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mmask[:, None], other=0.0)
+        qp = tl.load(qw_ptr + rk[:, None].to(tl.int64) * N8 + rn8[None, :], mask=n8mask[None, :], other=0)
+        w = (((qp >> 0) & 0xF) - ((zp >> 0) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 0, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc0 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc0 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 4) & 0xF) - ((zp >> 4) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 2, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc1 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc1 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 8) & 0xF) - ((zp >> 8) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 4, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc2 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc2 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 12) & 0xF) - ((zp >> 12) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 6, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc3 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc3 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 16) & 0xF) - ((zp >> 16) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 1, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc4 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc4 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 20) & 0xF) - ((zp >> 20) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 3, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc5 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc5 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 24) & 0xF) - ((zp >> 24) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 5, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc6 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc6 += tl.dot(a, w) * sc[None, :]
+        w = (((qp >> 28) & 0xF) - ((zp >> 28) & 0xF)[None, :]).to(a.dtype)
+        sc = tl.load(srow + 7, mask=n8mask, other=0.0).to(tl.float32)
+        if FP32:
+            acc7 += tl.dot(a, w, input_precision="ieee") * sc[None, :]
+        else:
+            acc7 += tl.dot(a, w) * sc[None, :]
+    omask = mmask[:, None] & n8mask[None, :]
+    optr = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn8[None, :] * 8
+    if ATOMIC:
+        tl.atomic_add(optr + 0, acc0, mask=omask)
+    else:
+        tl.store(optr + 0, acc0.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 2, acc1, mask=omask)
+    else:
+        tl.store(optr + 2, acc1.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 4, acc2, mask=omask)
+    else:
+        tl.store(optr + 4, acc2.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 6, acc3, mask=omask)
+    else:
+        tl.store(optr + 6, acc3.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 1, acc4, mask=omask)
+    else:
+        tl.store(optr + 1, acc4.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 3, acc5, mask=omask)
+    else:
+        tl.store(optr + 3, acc5.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 5, acc6, mask=omask)
+    else:
+        tl.store(optr + 5, acc6.to(out_ptr.dtype.element_ty), mask=omask)
+    if ATOMIC:
+        tl.atomic_add(optr + 7, acc7, mask=omask)
+    else:
+        tl.store(optr + 7, acc7.to(out_ptr.dtype.element_ty), mask=omask)
+
+
 def _awq_dequant_kernel(
     qw_ptr, qz_ptr, s_ptr, out_ptr, N, G,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -130,6 +248,7 @@ def _awq_dequant_kernel(
 
 _awq_gemm = lazy_jit(_awq_gemm_kernel)
 _awq_dequant = lazy_jit(_awq_dequant_kernel)
+_awq_gemm_planes = lazy_jit(_awq_gemm_planes_kernel)
 
 
 def _block_k(group_size: int) -> int:
@@ -163,28 +282,35 @@ def _gemm_launch(x, qweight, qzeros, scales, group_size, cfg):
     else:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     grid = (-(-M // bm), -(-N // bn), split)
-    _awq_gemm[grid](
-        x, qweight, qzeros, scales, out, M, N, K, x.stride(0), out.stride(0), group_size, k_per_split,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ATOMIC=split > 1, FP32=x.dtype == torch.float32,
-        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
-    )
+    args = (x, qweight, qzeros, scales, out, M, N, K, x.stride(0), out.stride(0), group_size, k_per_split)
+    common = dict(BLOCK_M=bm, BLOCK_K=bk, ATOMIC=split > 1, FP32=x.dtype == torch.float32,
+                  num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
+    if cfg.get("planes"):
+        _awq_gemm_planes[grid](*args, BLOCK_N8=bn // 8, **common)
+    else:
+        _awq_gemm[grid](*args, BLOCK_N=bn, **common)
     return out.to(x.dtype) if split > 1 else out
 
 
-def _cfg(bm, bn, split, warps=4, stages=3):
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, "warps": warps, "stages": stages}
+def _cfg(bm, bn, split, warps=4, stages=3, planes=True):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": split, "warps": warps, "stages": stages, "planes": planes}
 
 
 def _gemm_configs(M: int, device) -> list:
-    if device.type != "cuda":  # interpreter: small tiles; split-K exercised on small M
-        return [_cfg(16, 32, 2 if M <= 16 else 1)]
+    """Candidates timed per shape; the first is the interpreter's (split-K on small M)."""
+    if device.type != "cuda":
+        return [_cfg(16, 128, 2 if M <= 16 else 1), _cfg(16, 32, 2 if M <= 16 else 1, planes=False)]
     if M <= 16:
-        return [_cfg(16, 128, s) for s in (1, 4, 8)] + [_cfg(16, 256, s, 8) for s in (2, 4)]
+        return [_cfg(16, bn, s, planes=False) for bn in (64, 128) for s in (4, 7, 14, 28)] \
+            + [_cfg(16, 64, 14, 4, 4, planes=False), _cfg(16, 128, 7, 8, 4, planes=False),
+               _cfg(16, 64, 7, 2, 3, planes=False)] + [_cfg(16, 128, s) for s in (7, 14)]
     if M <= 64:
-        return [_cfg(M if M >= 32 else 32, 128, s) for s in (1, 2, 4)] + [_cfg(64, 64, 1)]
+        bm = 32 if M <= 32 else 64
+        return [_cfg(bm, 128, s, planes=False) for s in (2, 4, 7, 14)] + [_cfg(bm, 128, 7), {"dense": True}]
     if M <= 256:
-        return [_cfg(64, 128, 1), _cfg(128, 128, 1, 8), _cfg(64, 128, 2), {"dense": True}]
-    return [{"dense": True}, _cfg(128, 128, 1, 8), _cfg(128, 256, 1, 8)]
+        return [_cfg(64, 128, s, planes=False) for s in (2, 4, 7)] + [_cfg(128, 128, s, 8, planes=False) for s in (1, 4)] \
+            + [{"dense": True}]
+    return [{"dense": True}, _cfg(128, 256, 1, 8)]
 
 
 def _awq_gemm_triton(x, qweight, qzeros, scales, group_size):

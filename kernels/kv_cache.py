@@ -19,22 +19,24 @@ def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
-    H, D, block_size,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    T, H, D, block_size,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, TOKENS: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
-    valid = (tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot) >= 0
-    mask = (heads < H) & (dims < D) & valid
-    blk = slot // block_size
-    off = slot % block_size
-    dst = blk * stride_cb + off * stride_cs + heads * stride_ch + dims
-    k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
-    v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
-    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+    for i in tl.static_range(TOKENS):  # a few tokens per program: fewer, fuller programs
+        t = tl.program_id(0).to(tl.int64) * TOKENS + i
+        tvalid = t < T
+        slot = tl.load(slot_ptr + t, mask=tvalid, other=-1).to(tl.int64)
+        valid = (tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot) >= 0
+        mask = (heads < H) & (dims < D) & valid
+        blk = slot // block_size
+        off = slot % block_size
+        dst = blk * stride_cb + off * stride_cs + heads * stride_ch + dims
+        k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
+        v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 _write_kv = lazy_jit(_write_kv_kernel)
@@ -53,10 +55,11 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     if value.stride(-1) != 1:
         value = value.contiguous()
     block_h, block_d = next_pow2(H), next_pow2(D)
-    _write_kv[(T,)](
+    tokens = 1 if (key.is_cuda and T < 1024) else 4
+    _write_kv[(-(-T // tokens),)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        H, D, k_cache.shape[1],
-        BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 4096 else 8,
+        T, H, D, k_cache.shape[1],
+        BLOCK_H=block_h, BLOCK_D=block_d, TOKENS=tokens, num_warps=4 if block_h * block_d <= 4096 else 8,
     )

@@ -169,6 +169,24 @@ class LlamaForCausalLM(nn.Module):
         for lin in linears.values():
             lin.finalize()
 
+    @torch.no_grad()
+    def init_dummy_weights(self, seed: int = 0) -> None:
+        """Random weights of the real shapes, made on the model's device from a seed."""
+        gen = torch.Generator(device=self.cos_sin.device).manual_seed(seed)
+        for name, t in list(self.named_parameters()) + list(self.named_buffers()):
+            if name == "cos_sin":
+                continue
+            if t.dtype == torch.int32:  # packed int4 weights and zeros
+                t.copy_(torch.randint(-(2**31), 2**31 - 1, t.shape, generator=gen, device=t.device, dtype=torch.int32))
+            elif name.endswith("scales"):
+                t.uniform_(0.001, 0.004, generator=gen)
+            elif "norm" in name:
+                t.fill_(1.0)
+            else:
+                t.normal_(0.0, 0.02, generator=gen)
+        for lin in self.linears().values():
+            lin.finalize()
+
     @staticmethod
     def _copy(param, tensor, name):
         if param.shape != tensor.shape:

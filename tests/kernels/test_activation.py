@@ -1,7 +1,7 @@
 """SiLU-and-mul: Triton (interpreted) against the reference."""
 import pytest
 import torch
-from kernel_checks import assert_close
+from tests.kernels.kernel_checks import assert_close
 
 from kernels.activation import silu_and_mul, silu_and_mul_reference
 

@@ -4,7 +4,7 @@ bfloat16 is left to the GPU tests: the interpreter's bf16 dot is not usable.
 """
 import pytest
 import torch
-from kernel_checks import assert_close
+from tests.kernels.kernel_checks import assert_close
 
 from kernels.attention import (
     decode_partition,

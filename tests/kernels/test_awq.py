@@ -1,10 +1,12 @@
 """AWQ W4A16 GEMM on the checkpoint format: Triton (interpreted) against the reference."""
 import pytest
 import torch
-from kernel_checks import assert_close
+from tests.kernels.kernel_checks import assert_close
 
 from kernels.awq import (
     _dequant_triton,
+    _gemm_configs,
+    _gemm_launch,
     awq_dequantize,
     awq_gemm,
     awq_gemm_reference,
@@ -33,7 +35,10 @@ def test_awq_gemm_matches_reference(dtype, M, K, N, G, rng, poisoned):
     ref = awq_gemm_reference(x, qw, qz, s, G)
     with poisoned():
         out = awq_gemm(x, qw, qz, s, G)
+        per_config = [(cfg, _gemm_launch(x, qw, qz, s, G, cfg)) for cfg in _gemm_configs(M, x.device)]
     assert_close(out, ref, dtype, rng.initial_seed(), "awq_gemm")
+    for cfg, o in per_config:  # both kernels (nibble planes, widened tile) and split-K
+        assert_close(o, ref, dtype, rng.initial_seed(), f"awq_gemm {cfg}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

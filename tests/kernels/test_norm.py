@@ -1,7 +1,7 @@
 """RMSNorm and fused add + RMSNorm: Triton (interpreted) against the reference."""
 import pytest
 import torch
-from kernel_checks import assert_close
+from tests.kernels.kernel_checks import assert_close
 
 from kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_reference
 

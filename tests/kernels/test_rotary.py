@@ -1,7 +1,7 @@
 """Rotary embedding (neox): Triton (interpreted) rotates q/k in place, views included."""
 import pytest
 import torch
-from kernel_checks import assert_close
+from tests.kernels.kernel_checks import assert_close
 
 from kernels.rotary import rotary_embedding, rotary_embedding_reference
 
