@@ -2,6 +2,7 @@
 token ids compared on a hit), and LRU reuse of freed blocks."""
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ class Block:
     hash: int | None = None  # set while the block is in the prefix cache
     parent_hash: int | None = None
     token_ids: tuple[int, ...] | None = None
+    freed_at: float = 0.0  # monotonic time its last holder let go
 
     def reset(self):
         self.hash = self.parent_hash = self.token_ids = None
@@ -25,8 +27,10 @@ def block_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 ttl_s: float | None = None, clock=time.monotonic):
         assert num_blocks > 0 and block_size > 0
+        self.ttl_s, self.clock = ttl_s, clock
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -66,6 +70,9 @@ class BlockManager:
             block = self.blocks[bid]
             if block.token_ids != tokens or block.parent_hash != parent:
                 break  # a hash collision: never reuse KV of other tokens
+            if self._expired(block):
+                self._uncache(block)
+                break
             hits.append(bid)
             parent = h
         return hits
@@ -115,6 +122,21 @@ class BlockManager:
         block.ref_count = 1
         return bid
 
+    def _expired(self, block: Block) -> bool:
+        return self.ttl_s is not None and block.ref_count == 0 and self.clock() - block.freed_at > self.ttl_s
+
+    def _uncache(self, block: Block):
+        if self.cached.get(block.hash) == block.block_id:
+            del self.cached[block.hash]
+        block.reset()
+
+    def expire(self) -> int:
+        """Drop every unused cached block older than the TTL; returns how many."""
+        old = [self.blocks[b] for b in self.cached.values() if self._expired(self.blocks[b])]
+        for block in old:
+            self._uncache(block)
+        return len(old)
+
     def record_query(self, num_tokens: int, num_hit_tokens: int):
         self.query_tokens += num_tokens
         self.hit_tokens += num_hit_tokens
@@ -144,6 +166,7 @@ class BlockManager:
             assert block.ref_count > 0, f"double free of block {bid}"
             block.ref_count -= 1
             if block.ref_count == 0:
+                block.freed_at = self.clock()
                 self.free[bid] = None
                 if block.hash is None:
                     self.free.move_to_end(bid, last=False)

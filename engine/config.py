@@ -19,13 +19,15 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
+    prefix_cache_ttl_s: float | None = None  # cached blocks unused this long are never reused
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
     # Off by default. {"oom_at_step": N, "oom_request_id": "id"} raises
     # torch.OutOfMemoryError in step N for the batch holding that request
-    # (and for it alone when retried), to test the out-of-memory contract.
+    # (and for it alone when retried), to test the out-of-memory contract;
+    # {"dead_at_step": N} raises an unrecoverable device error in step N.
     fault_injection: dict | None = None
     extra: dict = field(default_factory=dict)
 
@@ -46,6 +48,8 @@ class EngineConfig:
             raise InvalidInputError("num_kv_blocks must be >= 1", field="num_kv_blocks")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidInputError("max_model_len must be >= 2", field="max_model_len")
+        if self.prefix_cache_ttl_s is not None and not self.prefix_cache_ttl_s > 0:
+            raise InvalidInputError("prefix_cache_ttl_s must be > 0", field="prefix_cache_ttl_s")
         if self.load_format not in ("auto", "dummy"):
             raise InvalidInputError(f"load_format {self.load_format!r} is not auto or dummy", field="load_format")
         if self.quantization not in (None, "awq", "none"):

@@ -58,7 +58,10 @@ class LLM:
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
         tok = self.engine.tokenizer
-        prompts = [apply_chat_template(tok, conv, add_generation_prompt) for conv in conversations]
+        prompts = []
+        for conv in conversations:  # the template writes any special tokens itself
+            text = apply_chat_template(tok, conv, add_generation_prompt)
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, params)
 
     def stats(self) -> dict:

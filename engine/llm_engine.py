@@ -74,7 +74,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, config.block_size, self.dtype, self.device)
         num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         self.runner.allocate_kv_cache(num_blocks)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          ttl_s=config.prefix_cache_ttl_s)
         budget = config.max_num_batched_tokens or (8192 if self.device.startswith("cuda") else 2048)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget)
         self.eos_token_ids = loader.eos_token_ids(path, spec.eos_token_id, self.tokenizer)
@@ -169,6 +170,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine iteration: schedule, run, postprocess. Returns outputs of
         the requests that advanced or finished in this step."""
+        if self.block_manager.ttl_s is not None:
+            self.block_manager.expire()
         sched = self.scheduler.schedule()
         if not sched:
             return []
@@ -200,6 +203,8 @@ class LLMEngine:
 
     def _run(self, scheduled):
         fi = self.config.fault_injection
+        if fi and fi.get("dead_at_step") == self.step_count:
+            raise RuntimeError("injected unrecoverable device error (fault_injection)")
         if fi and fi.get("oom_at_step") == self.step_count and any(
             s.request_id == fi.get("oom_request_id") for s, _ in scheduled
         ):

@@ -39,13 +39,21 @@ def _attend(q, k, v, scale, mask=None):
 
 
 def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
-    out = torch.empty_like(q)
-    for b in range(q.shape[0]):
-        length = int(context_lens[b])
-        k = _gather_kv(k_cache, block_tables[b], length)
-        v = _gather_kv(v_cache, block_tables[b], length)
-        out[b] = _attend(q[b : b + 1], k, v, scale)[0]
-    return out
+    """Batched over sequences: gathers every table up to the longest context and masks."""
+    batch, hq, d = q.shape
+    if batch == 0:
+        return torch.empty_like(q)
+    num_blocks, block_size, hkv, _ = k_cache.shape
+    nblk = -(-int(context_lens.max()) // block_size)
+    blocks = block_tables[:, :nblk].long().clamp(0, num_blocks - 1)  # entries past a context are masked
+    k = k_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float()
+    v = v_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float()
+    qf = q.float().reshape(batch, hkv, hq // hkv, d)
+    scores = torch.einsum("bhgd,blhd->bhgl", qf, k) * scale
+    keep = torch.arange(nblk * block_size, device=q.device)[None, :] < context_lens[:, None]
+    scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    out = torch.einsum("bhgl,blhd->bhgd", torch.softmax(scores, dim=-1), v)
+    return out.reshape(batch, hq, d).to(q.dtype)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float):

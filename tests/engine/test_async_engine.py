@@ -179,3 +179,20 @@ def test_non_finite_logits_fail_only_that_request(tiny_llama_dir):
     assert isinstance(results[3], RequestFailedError) and "NaN" in str(results[3])
     assert all(r[-1].finished for i, r in enumerate(results) if i != 3)
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_dead_device_fails_every_request_with_engine_dead(tiny_llama_dir):
+    from engine.errors import EngineDeadError
+
+    async def run():
+        engine = make(tiny_llama_dir, fault_injection={"dead_at_step": 3})
+        results = await asyncio.gather(*(collect(engine, p, f"d{i}") for i, p in enumerate(PROMPTS)),
+                                       return_exceptions=True)
+        with pytest.raises(EngineDeadError):
+            await collect(engine, "after", "late")
+        dead = engine.is_dead
+        await engine.shutdown()
+        return results, dead
+
+    results, dead = asyncio.run(run())
+    assert dead and all(isinstance(r, EngineDeadError) and r.code == "engine_dead" for r in results)

@@ -105,3 +105,36 @@ def test_freed_cached_blocks_are_reused_lru_and_uncached_first():
     assert not set(b.block_table) & set(full), "cached blocks were evicted while uncached ones were free"
     c = Sequence("c", None, [1, 2, 3, 4, 9], PARAMS, 8)
     assert bm.get_computed_blocks(c) == full
+
+
+def _cached_seq(bm, rid, tokens, salt=None):
+    s = Sequence(rid, None, tokens, PARAMS, 8, cache_salt=salt)
+    hits = bm.get_computed_blocks(s)
+    assert bm.allocate_slots(s, s.num_tokens - len(hits) * bm.block_size, hits)
+    s.num_computed_tokens = s.num_tokens
+    bm.cache_full_blocks(s)
+    return s, len(hits)
+
+
+def test_cache_salt_isolates_prefixes():
+    bm = BlockManager(16, 4)
+    a, _ = _cached_seq(bm, "a", list(range(1, 10)), salt="tenant-1")
+    bm.free_seq(a)
+    _, other = _cached_seq(bm, "b", list(range(1, 10)), salt="tenant-2")
+    _, same = _cached_seq(bm, "c", list(range(1, 10)), salt="tenant-1")
+    assert other == 0 and same == 2
+
+
+def test_cached_blocks_expire_after_ttl():
+    now = [100.0]
+    bm = BlockManager(16, 4, ttl_s=30, clock=lambda: now[0])
+    a, _ = _cached_seq(bm, "a", list(range(1, 10)))
+    bm.free_seq(a)
+    now[0] += 10
+    b, hits = _cached_seq(bm, "b", list(range(1, 10)))
+    assert hits == 2
+    bm.free_seq(b)
+    now[0] += 31
+    assert bm.expire() == 2 and not bm.cached
+    _, hits = _cached_seq(bm, "c", list(range(1, 10)))
+    assert hits == 0
