@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.errors import JobError, invalid
+from handler.errors import invalid
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 

@@ -154,8 +154,8 @@ Settings = dataclasses.make_dataclass(
     [(s.attr, Any, dataclasses.field(default=s.default)) for s in SETTINGS],
     frozen=True,
     slots=True,
-    module=__name__,
 )
+Settings.__module__ = __name__
 Settings.__doc__ = "Validated settings; attribute names are the variables' names in lower case."
 
 

@@ -16,8 +16,8 @@ COMBINE_INSTRUCTIONS = (
 )
 SYSTEM = "You are a careful assistant that writes concise, faithful summaries."
 # Greedy with a mild repetition penalty: small models loop without it.
-SUMMARY_SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.15}
-SUMMARY_MAX_TOKENS = 512
+SUMMARY_SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.1}
+SUMMARY_MAX_TOKENS = 256
 CHUNK_OVERLAP_TOKENS = 32
 MAX_ROUNDS = 6
 

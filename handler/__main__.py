@@ -1,0 +1,69 @@
+"""`python -m handler`: validate the settings, then serve jobs through
+runpod.serverless.start (or run one job locally with --test_input)."""
+from __future__ import annotations
+
+import time
+
+PROCESS_START = time.monotonic()
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+log = logging.getLogger("handler")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m handler", add_help=True,
+                                description="RunPod serverless LLM worker. Other --rp_* flags go to the runpod SDK.")
+    p.add_argument("--test_input", default=None, help='run one job locally, e.g. \'{"input": {"prompt": "Hi"}}\'')
+    p.add_argument("--print-settings", action="store_true", help="print the settings table (Markdown) and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = _parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    from handler.logs import configure_logging
+    from handler.settings import SettingsError, describe, load_settings, settings_markdown
+
+    if args.print_settings:
+        sys.stdout.write(settings_markdown())
+        return 0
+    configure_logging(os.environ.get("LOG_LEVEL", "").strip() or "info")
+    try:
+        settings = load_settings()
+        configure_logging(settings.log_level)
+        from handler.engine_setup import check_engine_settings
+
+        check_engine_settings(settings)
+    except SettingsError as exc:
+        log.error("invalid setting: %s", exc)
+        return 2
+    if settings.base_path and not os.environ.get("HF_HOME"):
+        os.environ["HF_HOME"] = os.path.join(settings.base_path, "huggingface-cache")
+    log.info("settings %s", describe(settings))
+
+    from handler.worker import Worker
+
+    serve_api = "--rp_serve_api" in rest
+    local = args.test_input is not None or (not serve_api and not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"))
+    if local:
+        from handler.local import run_local
+
+        return run_local(Worker(settings), args.test_input, PROCESS_START)
+
+    import runpod
+
+    worker = Worker(settings, progress=runpod.serverless.progress_update)
+    if settings.metrics_port:
+        worker.metrics.serve(settings.metrics_port)
+    sys.argv = [sys.argv[0], *rest]  # the SDK parses its own --rp_* flags
+    runpod.serverless.start(worker.runpod_config())
+    worker.close()
+    replaced = worker.dead is not None or bool(worker.sdk_config and worker.sdk_config.get("refresh_worker"))
+    return 1 if replaced else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Fakes of RunPod services for tests."""

@@ -1,0 +1,69 @@
+"""`python -m handler` as a subprocess, its output collected; plus an engine fault
+for tests (an engine step that raises as a dead GPU would) applied before the handler starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Run as `python -c LAUNCH`: kills the engine at step $FAKE_ENGINE_DEAD_AT_STEP, then runs the handler.
+LAUNCH = """
+import os, runpy
+import engine.llm_engine as le
+_step, _dead_at = le.LLMEngine.step, int(os.environ["FAKE_ENGINE_DEAD_AT_STEP"])
+def step(self):
+    if self.step_count + 1 >= _dead_at:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (injected by the test)")
+    return _step(self)
+le.LLMEngine.step = step
+runpy.run_module("handler", run_name="__main__", alter_sys=True)
+"""
+
+
+class WorkerProcess:
+    def __init__(self, env: dict[str, str], args: list[str] = (), dead_at_step: int | None = None):
+        full = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        full["PYTHONPATH"] = REPO + os.pathsep + full.get("PYTHONPATH", "")
+        if dead_at_step is not None:
+            full["FAKE_ENGINE_DEAD_AT_STEP"] = str(dead_at_step)
+            cmd = [sys.executable, "-c", LAUNCH, *args]
+        else:
+            cmd = [sys.executable, "-m", "handler", *args]
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(cmd, env=full, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, encoding="utf-8", errors="replace")
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait(self, timeout: float) -> int:
+        rc = self.proc.wait(timeout)
+        self._reader.join(5)
+        return rc
+
+    def wait_for_line(self, needle: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise TimeoutError(f"no line with {needle!r}; output:\n{self.output[-4000:]}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

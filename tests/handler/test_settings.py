@@ -1,0 +1,64 @@
+"""Settings: one table, parsed from env vars; a bad value names its variable."""
+import pytest
+
+from handler.settings import SETTINGS, SettingsError, describe, load_settings, settings_markdown
+
+
+def test_defaults_come_from_the_table():
+    s = load_settings({})
+    for setting in SETTINGS:
+        assert getattr(s, setting.attr) == setting.default
+    assert s.max_concurrency == 30 and s.default_max_tokens == 4096 and s.enable_prefix_caching is True
+
+
+def test_values_are_parsed_by_type():
+    s = load_settings({"MAX_MODEL_LEN": " 4096 ", "GPU_MEMORY_UTILIZATION": "0.8", "ENABLE_PREFIX_CACHING": "false",
+                       "QUANTIZATION": "AWQ", "BLOCK_SIZE": "32", "FAULT_INJECTION": '{"oom_at_step": 2}',
+                       "MODEL_NAME": "org/model", "RAW_OPENAI_OUTPUT": "0"})
+    assert s.max_model_len == 4096 and s.gpu_memory_utilization == 0.8
+    assert s.enable_prefix_caching is False and s.raw_openai_output is False
+    assert s.quantization == "awq" and s.block_size == 32
+    assert s.fault_injection == {"oom_at_step": 2} and s.model_name == "org/model"
+
+
+def test_empty_values_count_as_unset():
+    s = load_settings({"MAX_MODEL_LEN": "", "MODEL_NAME": "  "})
+    assert s.max_model_len is None and s.model_name is None
+
+
+@pytest.mark.parametrize("name,value", [
+    ("MAX_MODEL_LEN", "abc"), ("MAX_MODEL_LEN", "1.5"), ("MAX_MODEL_LEN", "1"),
+    ("GPU_MEMORY_UTILIZATION", "0"), ("GPU_MEMORY_UTILIZATION", "1.5"), ("GPU_MEMORY_UTILIZATION", "nan"),
+    ("ENABLE_PREFIX_CACHING", "maybe"), ("BLOCK_SIZE", "12"), ("DTYPE", "float8"), ("QUANTIZATION", "gptq"),
+    ("MAX_CONCURRENCY", "0"), ("METRICS_PORT", "70000"), ("FAULT_INJECTION", "[1]"), ("FAULT_INJECTION", "{"),
+    ("QUEUE_TIMEOUT_S", "-1"), ("LOG_LEVEL", "loud"),
+])
+def test_bad_value_names_the_variable(name, value):
+    with pytest.raises(SettingsError) as info:
+        load_settings({name: value})
+    assert str(info.value).startswith(f"{name}={value!r}: ")
+    assert info.value.name == name
+
+
+def test_secrets_are_masked_in_the_startup_line():
+    assert describe(load_settings({"HF_TOKEN": "hf_secret"}))["HF_TOKEN"] == "***"
+
+
+def test_markdown_table_lists_every_variable():
+    md = settings_markdown()
+    assert md.startswith("| Variable | Type | Default | Description |")
+    for setting in SETTINGS:
+        assert f"| `{setting.name}` |" in md
+    assert "`awq` \\| `none`" in md
+
+
+def test_engine_refusal_names_the_variable():
+    import dataclasses
+
+    from handler.engine_setup import check_engine_settings
+
+    s = load_settings({})
+    check_engine_settings(s)  # the defaults pass the engine's own checks
+    with pytest.raises(SettingsError) as info:
+        check_engine_settings(dataclasses.replace(s, block_size=12))  # past the table, the engine refuses
+    assert str(info.value).startswith("BLOCK_SIZE=")
