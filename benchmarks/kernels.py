@@ -17,7 +17,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels  # noqa: E402
-from kernels._dispatch import _TUNED, graph_time, next_pow2  # noqa: E402
+from kernels._dispatch import graph_time, next_pow2  # noqa: E402
 from kernels.awq import pack_awq_int4  # noqa: E402
 
 HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
@@ -71,6 +71,8 @@ def row(rid, case, ours, floor, peer, target_floor, target_peer, **extra):
 
 
 def k1(bw, peak, ms):
+    from kernels import awq
+
     rows = []
     for K, N in [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]:
         wbytes = K * N // 2 + (K // G) * N * 2 + (K // G) * N // 2
@@ -81,10 +83,13 @@ def k1(bw, peak, ms):
             sc = (torch.rand(K // G, N, device="cuda", generator=GEN) * 0.01 + 0.001).to(torch.bfloat16)
             sets.append((qw, qz, sc))
         dense = [kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
+        ref_w = kernels.awq_dequantize(*sets[0], G, dtype=torch.float32)
         large = N == 37888 or K == 18944
         for M in ms:
             x = rand((M, K))
-            kernels.awq_gemm(x, *sets[0], G)  # tune this shape before timing
+            got = kernels.awq_gemm(x, *sets[0], G)  # tunes this shape before timing
+            ref = x.float() @ ref_w
+            err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
             ours = bench_rot([lambda st=st: kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
             peer = bench_rot([lambda w=w: x @ w for w in dense])
             floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / peak)
@@ -94,11 +99,17 @@ def k1(bw, peak, ms):
                 tf, tp = None, 1.0
             else:
                 tf, tp = None, 0.8
-            cfg = _TUNED.get(("awq_gemm", next_pow2(M), N, K, G, torch.bfloat16))
-            rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp,
-                            tflops=2 * M * K * N / ours / 1e12, config=str(cfg)))
-        del sets, dense
+            cfg = awq.chosen_config(M, N, K, G, torch.bfloat16)
+            cands = [[str(c), t * 1e6] for c, t in awq.TIMINGS.get((next_pow2(M), N, K, G, torch.bfloat16), [])]
+            rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,
+                            tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, config=str(cfg),
+                            candidates_us=cands))
+            if not err < 1.5e-2:
+                rows[-1]["case"] += " WRONG"
+        del sets, dense, ref_w
         torch.cuda.empty_cache()
+    if awq.FAILED:
+        print("K1 configs that did not build:", json.dumps({str(k): v for k, v in awq.FAILED.items()}, indent=1))
     return rows
 
 

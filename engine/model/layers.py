@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels.awq import awq_linear, awq_prepare
 
 
 @dataclass(slots=True)
@@ -79,7 +80,8 @@ class Linear(nn.Module):
 
 
 class AWQLinear(nn.Module):
-    """4-bit AutoAWQ GEMM-format weights; runs through kernels.awq_gemm.
+    """4-bit AutoAWQ GEMM-format weights; on CUDA through kernels.awq_linear
+    (the Triton W4A16 GEMM on the checkpoint's layout), elsewhere kernels.awq_gemm.
 
     On the CPU (no int4 matmul there, and outside the Triton interpreter) the
     weight is dequantized once after loading and kept dense."""
@@ -95,6 +97,7 @@ class AWQLinear(nn.Module):
         self.register_buffer("scales", torch.zeros(g, n, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
         self.dense: torch.Tensor | None = None
+        self.prepared = None  # kernels.awq.AWQPrepared on CUDA
         self.loaded: set[tuple[int, str]] = set()
 
     def load(self, shard: int, name: str, tensor: torch.Tensor):
@@ -125,13 +128,18 @@ class AWQLinear(nn.Module):
     def finalize(self):
         from kernels._dispatch import use_triton
 
-        if not use_triton(self.qweight):
+        if self.qweight.is_cuda:
+            self.prepared = awq_prepare(self.qweight, self.qzeros, self.scales, self.group_size)
+        elif not use_triton(self.qweight):
             w = kernels.awq_dequantize(self.qweight, self.qzeros, self.scales, self.group_size, torch.float32)
             self.dense = w.t().contiguous().to(self.scales.dtype)
 
     def forward(self, x):
         if self.dense is not None:
             return F.linear(x, self.dense, self.bias)
+        if self.prepared is not None:
+            y = awq_linear(x, self.prepared)
+            return y + self.bias if self.bias is not None else y
         shape = x.shape
         y = kernels.awq_gemm(x.reshape(-1, shape[-1]), self.qweight, self.qzeros, self.scales, self.group_size)
         y = y.reshape(*shape[:-1], y.shape[-1])
