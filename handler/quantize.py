@@ -164,12 +164,25 @@ def calibration_blocks(tokenizer, texts: Sequence[str], samples: int, seq_len: i
 # --------------------------------------------------------------------------- #
 
 
+def _linear_dims(src: Path) -> dict:
+    config = json.loads((src / "config.json").read_text())
+    config = config.get("text_config", config)
+    return {k: config[k] for k in ("hidden_size", "intermediate_size") if k in config}
+
+
+def pick_group_size(src: str | os.PathLike) -> int:
+    """The largest of 128, 64, 32 that divides the model's hidden and intermediate sizes."""
+    dims = _linear_dims(Path(src))
+    for size in sorted(GROUP_SIZES, reverse=True):
+        if all(v % size == 0 for v in dims.values()):
+            return size
+    raise ValueError(f"no group size in {GROUP_SIZES} divides {dims}")
+
+
 def _check_group_size(src: Path, group_size: int) -> None:
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group size must be one of {GROUP_SIZES}, got {group_size}")
-    config = json.loads((src / "config.json").read_text())
-    dims = {k: config[k] for k in ("hidden_size", "intermediate_size") if k in config}
-    bad = {k: v for k, v in dims.items() if v % group_size}
+    bad = {k: v for k, v in _linear_dims(src).items() if v % group_size}
     if bad:
         raise ValueError(f"group size {group_size} does not divide {bad}; try 64 or 32")
 
@@ -213,31 +226,45 @@ def _quantize_into(src: Path, out: Path, settings: QuantSettings) -> None:
     logger.info("AWQ: %s, group size %d, %d calibration blocks of %d tokens, clip search %s",
                 src, settings.group_size, len(blocks), settings.seq_len,
                 "on" if settings.apply_clip else "off")
-    model = AutoAWQForCausalLM.from_pretrained(
-        str(src), torch_dtype=torch.float16, trust_remote_code=False, safetensors=True,
-        device_map=None, use_cache=False)
     on_cpu = not torch.cuda.is_available()
+    # fp16 matmuls are several times slower than fp32 on a CPU; the packed
+    # weights and scales come out fp16 either way.
+    model = AutoAWQForCausalLM.from_pretrained(
+        str(src), torch_dtype=torch.float32 if on_cpu else torch.float16,
+        trust_remote_code=False, safetensors=True, device_map=None, use_cache=False)
     with awq_cpu_fix() if on_cpu else contextlib.nullcontext():
         model.quantize(tokenizer, quant_config=settings.awq_config(), calib_data=blocks,
                        max_calib_samples=len(blocks), max_calib_seq_len=settings.seq_len,
                        apply_clip=settings.apply_clip, duo_scaling=settings.duo_scaling)
+    model.model.half()  # norms and embeddings; the packed layers already are
     model.save_quantized(str(out))
     tokenizer.save_pretrained(out)
-    _tidy_config(out)
-    logger.info("AWQ: wrote %s in %.0f s", out, time.monotonic() - started)
+    _tidy_saved(out)
+    logger.info("AWQ: quantized in %.0f s", time.monotonic() - started)
 
 
-def _tidy_config(out: Path) -> None:
-    """Make the saved config load for inference: caching on, no leftover sampling flag."""
+def _tidy_saved(out: Path) -> None:
+    """Inference-ready metadata (caching on, AutoAWQ's forced sampling flag gone), readable files."""
     path = out / "config.json"
     config = json.loads(path.read_text())
     config["use_cache"] = True
+    config["dtype"] = "float16"
     path.write_text(json.dumps(config, indent=2) + "\n")
     gen_path = out / "generation_config.json"
     if gen_path.is_file():
         gen = json.loads(gen_path.read_text())
-        gen.pop("do_sample", None)  # AutoAWQ forces do_sample=True
+        gen.pop("do_sample", None)
         gen_path.write_text(json.dumps(gen, indent=2) + "\n")
+    make_readable(out)
+
+
+def make_readable(folder: Path) -> None:
+    """Give a folder made by mkdtemp (0700) and its files the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for child in folder.rglob("*"):
+        os.chmod(child, (0o777 if child.is_dir() else 0o666) & ~umask)
 
 
 # --------------------------------------------------------------------------- #
@@ -319,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="AWQ 4-bit quantize a Hugging Face checkpoint (AutoAWQ GEMM layout).")
     parser.add_argument("src", type=Path, help="folder with config.json, safetensors weights, tokenizer")
     parser.add_argument("out", type=Path, help="output folder (must not exist)")
-    parser.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=defaults.group_size)
+    parser.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=None,
+                        help="weights per scale (default: the largest of 128, 64, 32 that fits the model)")
     parser.add_argument("--calib", type=Path, default=defaults.calibration,
                         help="calibration text: plain text (blocks split at blank lines) or .jsonl with 'text'")
     parser.add_argument("--samples", type=int, default=defaults.samples, help="calibration blocks")
@@ -327,9 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clip", action="store_true", help="also run AutoAWQ's clip search (slow on CPU)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = QuantSettings(group_size=args.group_size, samples=args.samples, seq_len=args.seq_len,
-                             apply_clip=args.clip, calibration=args.calib)
     try:
+        if not (args.src / "config.json").is_file():
+            raise FileNotFoundError(f"{args.src} is not a Hugging Face checkpoint (no config.json)")
+        group_size = args.group_size or pick_group_size(args.src)
+        settings = QuantSettings(group_size=group_size, samples=args.samples, seq_len=args.seq_len,
+                                 apply_clip=args.clip, calibration=args.calib)
         out = quantize_checkpoint(args.src, args.out, settings)
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
         parser.error(str(exc))
