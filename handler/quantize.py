@@ -29,11 +29,11 @@ _CHAT_ROLES = {"User:": "user", "Assistant:": "assistant", "System:": "system"}
 
 @dataclass(slots=True)
 class QuantSettings:
-    """How a checkpoint is quantized; the defaults are those of the default model."""
+    """How a checkpoint is quantized (defaults: the command line's; the default model sets its own)."""
 
     group_size: int = 64
-    samples: int = 32
-    seq_len: int = 128
+    samples: int = 16
+    seq_len: int = 256
     apply_clip: bool = False
     duo_scaling: bool = True
     calibration: Path = DEFAULT_CALIBRATION
@@ -204,7 +204,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _quantize_into(src, tmp, settings)
+        quantize_into(src, tmp, settings)
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -212,7 +212,8 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     return out
 
 
-def _quantize_into(src: Path, out: Path, settings: QuantSettings) -> None:
+def quantize_into(src: Path, out: Path, settings: QuantSettings) -> None:
+    """Quantize `src` and save the AutoAWQ checkpoint into `out` (no atomicity: callers rename)."""
     import torch
     from transformers import AutoTokenizer
 

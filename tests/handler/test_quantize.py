@@ -216,8 +216,8 @@ def test_cli_writes_a_loadable_awq_checkpoint(tiny_model, tmp_path):
     assert (out / "tokenizer.json").is_file()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.chat_template
-    names = set()
     from safetensors import safe_open
+
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names = set(f.keys())
         assert f.get_tensor("model.layers.0.self_attn.q_proj.qweight").dtype == torch.int32
