@@ -96,7 +96,6 @@ def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_le
     weights plus the running KV; prefill costs 2 x params FLOPs per token."""
     w = weight_bytes(shapes, awq_group)
     kvt = kv_bytes_per_token(shapes)
-    params = w * 0  # FLOPs use parameter count
     h, i, layers = shapes["hidden_size"], shapes["intermediate_size"], shapes["num_hidden_layers"]
     kv = shapes["num_key_value_heads"] * h // shapes["num_attention_heads"]
     params = layers * (h * (h + 2 * kv) + h * h + 3 * h * i) + shapes["vocab_size"] * h
