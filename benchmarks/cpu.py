@@ -62,9 +62,9 @@ def hf_peer(path: str):
 
 
 def same_length_prompts(tok, n: int) -> list[list[int]]:
-    ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
-           for p in PROMPTS[:n]]
-    ids = [x["input_ids"] if isinstance(x, dict) else list(x) for x in ids]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in PROMPTS[:n]]
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
     shortest = min(len(x) for x in ids)
     return [x[-shortest:] for x in ids]  # equal lengths: the peer needs no padding
 
