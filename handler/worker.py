@@ -11,8 +11,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from handler import summarize_core
-from handler.engine_setup import build_engine, summary_defaults
+from handler import summarize_core, summarize_job
+from handler.engine_setup import build_engine
 from handler.errors import JobError, error_item, invalid
 from handler.logs import JobLog
 from handler.openai_routes import OpenAIFormatter, models_response
@@ -162,7 +162,7 @@ class Worker:
         try:
             engine = await self._get_engine(ctx)
             if spec.route == "summarize":
-                gen = self._summarize(ctx, engine, spec)
+                gen = summarize_job.summarize_items(self, ctx, engine, spec)
             elif spec.is_openai:
                 gen = self._openai(ctx, engine, spec)
             else:
@@ -228,52 +228,6 @@ class Worker:
         if spec.include_usage:
             chunks.append(fmt.usage_chunk(usage))
         yield fmt.pack(chunks, done=True)
-
-    async def _summarize(self, ctx: JobContext, engine, spec: JobSpec) -> AsyncIterator[dict]:
-        tok = engine.tokenizer
-        sm = spec.summarize
-        context = min(engine.max_model_len, engine.kv_capacity_tokens)
-        sampling = {**summary_defaults(self.settings), **spec.sampling}
-        summary_tokens = sm.max_tokens or spec.sampling.get("max_tokens") or min(
-            sampling["max_tokens"], self.settings.default_max_tokens)
-        summary_tokens = min(summary_tokens, context // 2)
-        sampling.pop("max_tokens")
-
-        async def run(messages: list[dict], max_tokens: int, tag: str) -> summarize_core.Piece:
-            ids = self._render_ids(engine, messages)
-            comp = None
-            async for kind, value, _ in self._events(ctx, engine, ids, {**sampling, "max_tokens": max_tokens},
-                                                     f"{ctx.id}:{tag}", spec):
-                if kind == "done":
-                    comp = value
-            ctx.log.info("summarize %s: %d -> %d tokens (%s)", tag, comp.prompt_tokens, comp.completion_tokens,
-                         comp.finish_reason)
-            return summarize_core.Piece(comp.text, comp.finish_reason, comp.prompt_tokens, comp.completion_tokens)
-
-        try:
-            plan = await summarize_core.reduce_to_fit(
-                sm.text, count_tokens=lambda m: len(self._render_ids(engine, m)),
-                encode=lambda t: tok.encode(t, add_special_tokens=False),
-                decode=lambda ids: tok.decode(ids, skip_special_tokens=True), run=run, context_tokens=context,
-                summary_tokens=summary_tokens, instructions=sm.instructions)
-        except summarize_core.SummarizeError as exc:
-            raise invalid("summarize.text", str(exc)) from None
-        if plan.rounds:
-            ctx.log.info("summarize: %d chunks, %d map rounds", plan.chunks, plan.rounds)
-        final_spec = JobSpec(route="generate", messages=plan.messages, stream=spec.stream,
-                             on_truncation=spec.on_truncation, priority=spec.priority, cache_salt=spec.cache_salt,
-                             batching=spec.batching, sampling={**sampling, "max_tokens": summary_tokens})
-        info = {"chunks": plan.chunks, "rounds": plan.rounds, "truncated_parts": plan.truncated_parts}
-        map_usage = (plan.prompt_tokens, plan.completion_tokens)
-        async with contextlib.aclosing(self._generate(ctx, engine, final_spec)) as items:
-            async for item in items:
-                if "finish_reason" in item:
-                    item["summarize"] = info
-                    u = item["usage"]
-                    u["prompt_tokens"] += map_usage[0]
-                    u["completion_tokens"] += map_usage[1]
-                    u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
-                yield item
 
     # -- pieces -------------------------------------------------------------------------------
     def _render_ids(self, engine, messages: list[dict]) -> list[int]:
