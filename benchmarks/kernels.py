@@ -82,15 +82,18 @@ def k1(bw, peak, ms):
             qz = pack_awq_int4(torch.randint(0, 16, (K // G, N), device="cuda", generator=GEN))
             sc = (torch.rand(K // G, N, device="cuda", generator=GEN) * 0.01 + 0.001).to(torch.bfloat16)
             sets.append((qw, qz, sc))
+        prepared = [awq.awq_prepare(*st, G) for st in sets]  # the engine's path: the K-packed layout
         dense = [kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
         ref_w = kernels.awq_dequantize(*sets[0], G, dtype=torch.float32)
         large = N == 37888 or K == 18944
         for M in ms:
             x = rand((M, K))
-            got = kernels.awq_gemm(x, *sets[0], G)  # tunes this shape before timing
+            got = awq.awq_linear(x, prepared[0])  # tunes this shape before timing
             ref = x.float() @ ref_w
             err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
-            ours = bench_rot([lambda st=st: kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
+            ours = bench_rot([lambda p=p: awq.awq_linear(x, p) for p in prepared])
+            kernels.awq_gemm(x, *sets[0], G)
+            ckpt = bench_rot([lambda st=st: kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
             peer = bench_rot([lambda w=w: x @ w for w in dense])
             floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / peak)
             if M <= 16:
@@ -99,17 +102,22 @@ def k1(bw, peak, ms):
                 tf, tp = None, 1.0
             else:
                 tf, tp = None, 0.8
-            cfg = awq.chosen_config(M, N, K, G, torch.bfloat16)
-            cands = [[str(c), t * 1e6] for c, t in awq.TIMINGS.get((next_pow2(M), N, K, G, torch.bfloat16), [])]
+            from kernels import awq_kpack
+
+            cfg = awq_kpack.chosen_config(M, N, K, G, torch.bfloat16)
+            cands = [[str(c), t * 1e6] for c, t in awq_kpack.TIMINGS.get((next_pow2(M), N, K, G, torch.bfloat16), [])]
             rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,
                             tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, config=str(cfg),
-                            candidates_us=cands))
+                            candidates_us=cands, checkpoint_layout_us=ckpt * 1e6))
             if not err < 1.5e-2:
                 rows[-1]["case"] += " WRONG"
-        del sets, dense, ref_w
+        del sets, dense, ref_w, prepared
         torch.cuda.empty_cache()
-    if awq.FAILED:
-        print("K1 configs that did not build:", json.dumps({str(k): v for k, v in awq.FAILED.items()}, indent=1))
+    from kernels import awq_kpack
+
+    for name, failed in (("checkpoint layout", awq.FAILED), ("kpack", awq_kpack.FAILED)):
+        if failed:
+            print(f"K1 {name} configs that did not build:", json.dumps({str(k): v for k, v in failed.items()}, indent=1))
     return rows
 
 

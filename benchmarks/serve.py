@@ -1,13 +1,21 @@
-"""End-to-end serving benchmark on one GPU (BENCHMARKS.md E1; E2 and E3 are
-still to come, see issue 5): random weights of real shapes made on the GPU,
-closed-loop clients, our engine against transformers `generate` side by side.
+"""End-to-end serving benchmark on one GPU (BENCHMARKS.md E1-E3): random
+weights of real shapes made on the GPU, closed-loop clients, our engine
+against transformers `generate` side by side.
 
-    python benchmarks/serve.py [--requests-per-client 2] [--concurrency 10 50] [--out serve.json]
+    python benchmarks/serve.py [--workloads E1 E2 E3] [--requests-per-client 2] [--out serve.json]
+
+E1: Qwen2.5-7B-AWQ shapes at concurrency 10 and 50, peer HF bf16 static batch.
+E2: Llama-3-70B-AWQ shapes at concurrency 50 (no peer).
+E3: 768-token sequences in a 20 GB KV budget, our block manager vs reserving
+    max_model_len=4096 per sequence (host only, no GPU needed).
+Also a step profile at each concurrency: where the host time of a decode step
+goes, against the GPU time of the same step (graph replay timed alone).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -20,20 +28,25 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-QWEN25_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+QWEN25_7B = dict(arch="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                  num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+LLAMA3_70B = dict(arch="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                  num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192,
+                  rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+GROUP = 128
 
 
 def model_dir(shapes: dict, awq_group: int | None) -> str:
     """A checkpoint folder with config and tokenizer only (weights come from load_format=dummy)."""
-    from transformers import Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config
 
     from tests.models import make_tokenizer
 
     path = tempfile.mkdtemp(prefix="serve-model-")
-    cfg = Qwen2Config(**shapes)
-    cfg.architectures = ["Qwen2ForCausalLM"]
+    kw = {k: v for k, v in shapes.items() if k != "arch"}
+    cfg = Qwen2Config(**kw) if shapes["arch"] == "qwen2" else LlamaConfig(**kw)
+    cfg.architectures = ["Qwen2ForCausalLM" if shapes["arch"] == "qwen2" else "LlamaForCausalLM"]
     if awq_group:
         cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": awq_group, "zero_point": True,
                                    "version": "gemm"}
@@ -42,13 +55,16 @@ def model_dir(shapes: dict, awq_group: int | None) -> str:
     return path
 
 
-def weight_bytes(shapes: dict, awq_group: int) -> float:
+def linear_params(shapes: dict) -> int:
     h, i, layers = shapes["hidden_size"], shapes["intermediate_size"], shapes["num_hidden_layers"]
     kv = shapes["num_key_value_heads"] * h // shapes["num_attention_heads"]
-    linear = layers * (h * (h + 2 * kv) + h * h + 3 * h * i)
-    int4 = linear / 2 + linear / awq_group * (2 + 0.5)  # scales fp16 + zeros int4 per group
-    lm_head = shapes["vocab_size"] * h * 2
-    return int4 + lm_head
+    return layers * (h * (h + 2 * kv) + h * h + 3 * h * i)
+
+
+def weight_bytes(shapes: dict, awq_group: int) -> float:
+    """Bytes one decode step reads: int4 linears with fp16 scales and int4 zeros, bf16 lm_head."""
+    linear = linear_params(shapes)
+    return linear / 2 + linear / awq_group * (2 + 0.5) + shapes["vocab_size"] * shapes["hidden_size"] * 2
 
 
 def kv_bytes_per_token(shapes: dict) -> int:
@@ -65,8 +81,15 @@ async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True, detokenize=False)
-    rng = random.Random(0)
+    rng = random.Random(concurrency)
     ttft, tpot, tokens = [], [], 0
+    kv_used = []
+
+    async def poll():
+        while True:
+            s = engine.stats()
+            kv_used.append(s["kv_blocks_total"] - s["kv_blocks_free"])
+            await asyncio.sleep(0.05)
 
     async def client(c):
         nonlocal tokens
@@ -75,7 +98,7 @@ async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int
             t0 = time.perf_counter()
             first = last = None
             n = 0
-            async for out in engine.generate(prompt, params, request_id=f"c{c}-{r}"):
+            async for out in engine.generate(prompt, params, request_id=f"c{concurrency}-{c}-{r}"):
                 now = time.perf_counter()
                 first = first or now
                 last = now
@@ -84,11 +107,14 @@ async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int
             tpot.append((last - first) / max(1, n - 1))
             tokens += n
 
+    poller = asyncio.ensure_future(poll())
     t = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(concurrency)))
     wall = time.perf_counter() - t
+    poller.cancel()
     return {"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall, "ttft_p50": pct(ttft, 0.5),
-            "ttft_p99": pct(ttft, 0.99), "tpot_p50": pct(tpot, 0.5), "tpot_p99": pct(tpot, 0.99)}
+            "ttft_p99": pct(ttft, 0.99), "tpot_p50": pct(tpot, 0.5), "tpot_p99": pct(tpot, 0.99),
+            "kv_blocks_used_max": max(kv_used or [0])}
 
 
 def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak):
@@ -96,9 +122,7 @@ def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_le
     weights plus the running KV; prefill costs 2 x params FLOPs per token."""
     w = weight_bytes(shapes, awq_group)
     kvt = kv_bytes_per_token(shapes)
-    h, i, layers = shapes["hidden_size"], shapes["intermediate_size"], shapes["num_hidden_layers"]
-    kv = shapes["num_key_value_heads"] * h // shapes["num_attention_heads"]
-    params = layers * (h * (h + 2 * kv) + h * h + 3 * h * i) + shapes["vocab_size"] * h
+    params = linear_params(shapes) + shapes["vocab_size"] * shapes["hidden_size"]
     waves = n_requests / concurrency
     decode = 0.0
     for step in range(out_len):
@@ -109,26 +133,15 @@ def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_le
 
 
 def measure_ceilings():
-    x = torch.empty(2**30 // 2, dtype=torch.bfloat16, device="cuda")
+    from triton.testing import do_bench
+
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(20):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    bw = 2 * x.numel() * 2 * 20 / (time.perf_counter() - t)
+    bw = 2 * x.numel() / (do_bench(lambda: y.copy_(x), warmup=25, rep=100, return_mode="median") * 1e-3)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        a @ a
-    torch.cuda.synchronize()
-    peak = 2 * 8192**3 * 10 / (time.perf_counter() - t)
-    del x, y, a
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    peak = 2 * 8192**3 / (do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median") * 1e-3)
+    del x, y, a, b
     torch.cuda.empty_cache()
     return bw, peak
 
@@ -136,7 +149,7 @@ def measure_ceilings():
 def hf_peer(shapes, batch, prompt_len, out_len):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(**shapes)
+    cfg = Qwen2Config(**{k: v for k, v in shapes.items() if k != "arch"})
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     ids = torch.randint(100, shapes["vocab_size"] - 100, (batch, prompt_len), device="cuda")
@@ -153,57 +166,202 @@ def hf_peer(shapes, batch, prompt_len, out_len):
     return batch * out_len / wall
 
 
+def step_profile(llm_engine, concurrency: int, prompt_len: int, vocab: int, steps: int = 40) -> dict:
+    """Host time of decode steps split by phase, against the GPU time of the
+    same forward (the graph of that batch replayed alone)."""
+    from engine import SamplingParams
+
+    eng = llm_engine
+    rng = random.Random(7)
+    params = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True, detokenize=False)
+    for i in range(concurrency):
+        eng.add_request(f"prof-{concurrency}-{i}", {"prompt_token_ids": [rng.randrange(100, vocab - 100)
+                                                                       for _ in range(prompt_len)]}, params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.requests.values()):
+        eng.step()
+    eng.step()
+    phases = {"schedule": 0.0, "execute": 0.0, "sample": 0.0, "postprocess": 0.0}
+
+    def timed(obj, name, key):
+        fn = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                phases[key] += time.perf_counter() - t
+        setattr(obj, name, wrapper)
+        return fn
+
+    saved = [(eng.scheduler, "schedule", timed(eng.scheduler, "schedule", "schedule")),
+             (eng.runner, "execute", timed(eng.runner, "execute", "execute")),
+             (eng.sampler, "sample", timed(eng.sampler, "sample", "sample")),
+             (eng, "_postprocess", timed(eng, "_postprocess", "postprocess"))]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    wall = (time.perf_counter() - t) / steps
+    for obj, name, fn in saved:
+        setattr(obj, name, fn)
+    gpu = None
+    graphs = eng.runner.graphs
+    if graphs is not None:
+        bs = next(b for b in graphs.sizes if b >= concurrency)
+        graph = graphs.graphs[bs][0]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        gpu = start.elapsed_time(end) * 1e-3 / 10
+    for rid in list(eng.requests):
+        eng.abort_request(rid)
+    per = {k: v / steps for k, v in phases.items()}
+    return {"concurrency": concurrency, "step_s": wall, "gpu_forward_s": gpu,
+            "host_gap_s": (wall - gpu) if gpu else None, **{f"{k}_s": v for k, v in per.items()}}
+
+
+def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_len, bw, peak, peers, eager=False,
+                        profile=True):
+    from engine import AsyncLLMEngine, EngineConfig
+
+    path = model_dir(shapes, GROUP)
+    t0 = time.perf_counter()
+    engine = AsyncLLMEngine.from_config(EngineConfig(
+        model=path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(concurrencies),
+        gpu_memory_utilization=0.9, enforce_eager=eager))
+    load_s = time.perf_counter() - t0
+    st = engine.stats()
+    mem = engine.engine.memory
+    print(f"{wid}: load+profile+capture {load_s:.0f}s, {st['kv_blocks_total']} KV blocks, GPU memory in use "
+          f"{st.get('gpu_memory_fraction', 0):.3f}, {mem}", flush=True)
+    rows = []
+    for c in concurrencies:
+        torch.cuda.reset_peak_memory_stats()
+        res = asyncio.run(closed_loop(engine, c, per_client, prompt_len, out_len, shapes["vocab_size"]))
+        n = c * per_client
+        floor = floor_seconds(shapes, GROUP, n, c, prompt_len, out_len, bw, peak)
+        free, total = torch.cuda.mem_get_info()
+        res.update(concurrency=c, requests=n, floor_s=floor, peak_gpu_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
+                   gpu_memory_fraction=(total - free) / total, kv_blocks_total=st["kv_blocks_total"],
+                   ratio_to_floor=floor / res["wall_s"], peer_tok_s=peers.get(c), eager=eager, load_s=load_s)
+        if profile:
+            res["step_profile"] = step_profile(engine.engine, c, prompt_len, shapes["vocab_size"])
+        print(wid, json.dumps(res), flush=True)
+        rows.append(res)
+    asyncio.run(engine.shutdown())
+    engine.engine.runner.graphs = None
+    engine.engine.runner.free_kv_cache()
+    del engine
+    gc.collect()  # the model, its graphs and KV cache hold each other: free them before the next workload
+    torch.cuda.empty_cache()
+    return rows
+
+
+def e3_rows(shapes=QWEN25_7B, budget_bytes=20e9, seq_len=768, reserve_len=4096, block_size=16):
+    """Sequences of seq_len tokens that fit budget_bytes of KV: our block manager
+    (allocated until it refuses) against reserving reserve_len tokens each."""
+    from engine.block_manager import BlockManager
+    from engine.sampling_params import SamplingParams
+    from engine.sequence import Sequence
+
+    per_token = kv_bytes_per_token(shapes)
+    blocks = int(budget_bytes // (per_token * block_size))
+    bm = BlockManager(blocks, block_size, enable_prefix_caching=False)
+    rng = random.Random(3)
+    seqs = []
+    while True:
+        seq = Sequence(f"e3-{len(seqs)}", None, [rng.randrange(1000) for _ in range(seq_len)],
+                       SamplingParams(max_tokens=1), 1)
+        if not bm.allocate_slots(seq, seq_len):
+            break
+        seqs.append(seq)
+    used_tokens = sum(len(s.block_table) * block_size for s in seqs)
+    waste_blocks = (used_tokens - seq_len * len(seqs)) / block_size / max(1, len(seqs))
+    reserved = int(budget_bytes // (per_token * reserve_len))
+    return {"id": "E3", "case": f"{seq_len}-token sequences in {budget_bytes / 1e9:.0f} GB KV (Qwen2.5-7B)",
+            "ratio_to_floor": None, "target_floor": None,
+            "ratio_to_peer": round(len(seqs) / reserved, 2), "target_peer": 5.0,
+            "paged_sequences": len(seqs), "reserved_sequences": reserved,
+            "waste_blocks_per_sequence": waste_blocks, "kv_blocks": blocks}
+
+
+def save(path, bw, peak, table):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"copy_bw": bw, "bf16_peak": peak, "rows": table}, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=["E1", "E2", "E3"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[10, 50])
     ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--e2-requests-per-client", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))
     args = ap.parse_args()
-    from engine import AsyncLLMEngine, EngineConfig
-
-    bw, peak = measure_ceilings()
-    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s", flush=True)
-    peers = {}
-    for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
-        peers[c] = None if args.skip_peer else hf_peer(QWEN25_7B, c, args.prompt_len, args.output_len)
-        print(f"peer c={c}: {peers[c]} tok/s", flush=True)
-    group = 128
-    path = model_dir(QWEN25_7B, group)
-    rows = []
-    engine = AsyncLLMEngine.from_config(EngineConfig(
-        model=path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(args.concurrency),
-        gpu_memory_utilization=0.9))
-    stats0 = engine.stats()
-    print(f"engine: {stats0['kv_blocks_total']} KV blocks, {torch.cuda.memory_allocated() / 2**30:.1f} GiB", flush=True)
-    for c in args.concurrency:
-        torch.cuda.reset_peak_memory_stats()
-        res = asyncio.run(closed_loop(engine, c, args.requests_per_client, args.prompt_len, args.output_len,
-                                      QWEN25_7B["vocab_size"]))
-        n = c * args.requests_per_client
-        floor = floor_seconds(QWEN25_7B, group, n, c, args.prompt_len, args.output_len, bw, peak)
-        res.update(concurrency=c, requests=n, floor_s=floor, peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30,
-                   ratio_to_floor=floor / res["wall_s"], peer_tok_s=peers[c], steps=engine.stats()["num_steps"])
-        print(res, flush=True)
-        rows.append(res)
-    table = []
-    for r in rows:
-        target_peer = 11 if r["concurrency"] == 50 else 25
-        table.append({"id": "E1", "case": f"Qwen2.5-7B-AWQ c={r['concurrency']} n={r['requests']}",
-                      "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.65,
-                      "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
-                      "target_peer": target_peer, **{k: r[k] for k in r if k not in ("ratio_to_floor",)}})
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"copy_bw": bw, "bf16_peak": peak, "kv_blocks_total": stats0["kv_blocks_total"], "rows": table},
-                  f, indent=2)
-    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s; kv blocks {stats0['kv_blocks_total']}")
-    print(f"{'case':34} {'tok/s':>8} {'peer':>7} {'x peer':>7} {'floor':>6} {'ttft50':>7} {'tpot50':>7} {'peakGiB':>7}")
+    table, raw = [], {}
+    if "E3" in args.workloads:
+        table.append(e3_rows())
+        print(json.dumps(table[-1]), flush=True)
+    bw = peak = None
+    if "E1" in args.workloads or "E2" in args.workloads:
+        bw, peak = measure_ceilings()
+        print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s", flush=True)
+    if "E1" in args.workloads:
+        peers = {}
+        for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
+            peers[c] = None if args.skip_peer else hf_peer(QWEN25_7B, c, args.prompt_len, args.output_len)
+            print(f"peer c={c}: {peers[c]} tok/s", flush=True)
+        raw["E1"] = run_engine_workload("E1", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len,
+                                        args.output_len, bw, peak, peers)
+        if args.eager_too:
+            raw["E1-eager"] = run_engine_workload("E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client,
+                                                  args.prompt_len, args.output_len, bw, peak, peers, eager=True,
+                                                  profile=False)
+        for key in [k for k in ("E1", "E1-eager") if k in raw]:
+            for r in raw[key]:
+                table.append({"id": "E1", "case": f"Qwen2.5-7B-AWQ c={r['concurrency']} n={r['requests']}"
+                              + (" eager" if r["eager"] else ""),
+                              "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.65,
+                              "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
+                              "target_peer": 11 if r["concurrency"] == 50 else 25,
+                              **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
+        save(args.out, bw, peak, table)  # what is done so far survives a later failure
+    if "E2" in args.workloads:
+        raw["E2"] = run_engine_workload("E2", LLAMA3_70B, [50], args.e2_requests_per_client, args.prompt_len,
+                                        args.output_len, bw, peak, {})
+        for r in raw["E2"]:
+            table.append({"id": "E2", "case": f"Llama-3-70B-AWQ c=50 n={r['requests']}",
+                          "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.5,
+                          "ratio_to_peer": None, "target_peer": None,
+                          **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
+    save(args.out, bw, peak, table)
+    if bw:
+        print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s")
+    print(f"{'id':3} {'case':40} {'tok/s':>7} {'x peer':>7} {'floor':>6} {'ttft50/99':>11} {'tpot50/99 ms':>13} "
+          f"{'mem':>5} {'kvmax':>6} {'gap ms':>7}")
     for r in table:
-        print(f"{r['case']:34} {r['tok_s']:8.0f} {r['peer_tok_s'] or 0:7.0f} {r['ratio_to_peer'] or 0:7.2f} "
-              f"{r['ratio_to_floor']:6.3f} {r['ttft_p50']:7.3f} {r['tpot_p50'] * 1e3:6.1f}ms {r['peak_gpu_gib']:7.1f}")
+        if r["id"] == "E3":
+            print(f"E3  {r['case']:40} paged {r['paged_sequences']} vs reserved {r['reserved_sequences']}: "
+                  f"{r['ratio_to_peer']}x (target 5x), waste {r['waste_blocks_per_sequence']:.2f} blocks/seq")
+            continue
+        prof = r.get("step_profile") or {}
+        gap = prof.get("host_gap_s")
+        print(f"{r['id']:3} {r['case']:40} {r['tok_s']:7.0f} {r['ratio_to_peer'] or 0:7.2f} {r['ratio_to_floor']:6.3f} "
+              f"{r['ttft_p50']:5.2f}/{r['ttft_p99']:5.2f} {r['tpot_p50'] * 1e3:6.1f}/{r['tpot_p99'] * 1e3:6.1f} "
+              f"{r['gpu_memory_fraction']:5.2f} {r['kv_blocks_used_max']:6d} "
+              f"{gap * 1e3 if gap is not None else float('nan'):7.2f}")
+        if prof:
+            print("    step profile: " + ", ".join(f"{k} {v * 1e3:.2f}ms" for k, v in prof.items()
+                                                   if k.endswith("_s") and v is not None))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ class Block:
     hash: int | None = None  # set while the block is in the prefix cache
     parent_hash: int | None = None
     token_ids: tuple[int, ...] | None = None
+    salt: str | None = None  # the cache_salt of the request that filled it
     freed_at: float = 0.0  # monotonic time its last holder let go
 
     def reset(self):
-        self.hash = self.parent_hash = self.token_ids = None
+        self.hash = self.parent_hash = self.token_ids = self.salt = None
 
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None) -> int:
@@ -68,8 +69,8 @@ class BlockManager:
             if bid is None:
                 break
             block = self.blocks[bid]
-            if block.token_ids != tokens or block.parent_hash != parent:
-                break  # a hash collision: never reuse KV of other tokens
+            if block.token_ids != tokens or block.parent_hash != parent or block.salt != seq.cache_salt:
+                break  # a hash collision: never reuse KV of other tokens (or of another salt)
             if self._expired(block):
                 self._uncache(block)
                 break
@@ -156,7 +157,7 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             if h in self.cached or block.hash is not None:
                 continue  # an equal block is cached already
-            block.hash, block.parent_hash, block.token_ids = h, parent, tokens
+            block.hash, block.parent_hash, block.token_ids, block.salt = h, parent, tokens, seq.cache_salt
             self.cached[h] = block.block_id
 
     # -- free -------------------------------------------------------------------

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine import faults
 from engine.errors import InvalidInputError
 
 
@@ -20,14 +21,18 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     prefix_cache_ttl_s: float | None = None  # cached blocks unused this long are never reused
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.9  # fraction of the GPU's memory the engine may fill (weights, activations, KV)
+    enforce_eager: bool = False  # True: no CUDA graphs for decode
+    max_seq_len_to_capture: int | None = None  # unused (vLLM name kept for configs); graphs cover max_model_len
     num_kv_blocks: int | None = None
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
-    # Off by default. {"oom_at_step": N, "oom_request_id": "id"} raises
-    # torch.OutOfMemoryError in step N for the batch holding that request
-    # (and for it alone when retried), to test the out-of-memory contract;
-    # {"dead_at_step": N} raises an unrecoverable device error in step N.
+    tensor_parallel_size: int = 1  # ranks (GPUs) the model is split across; > 1 spawns ranks 1.. as processes
+    # Testing only, off by default (engine/faults.py): {"oom_at_step": N, "oom_request_id": "id"}
+    # raises torch.OutOfMemoryError in the first step >= N holding that request (and for it alone
+    # when retried); nan_* (nan_value "nan" | "inf" | "-inf") poisons its logits row, detokenize_error_*
+    # raises while it detokenizes, dead_* is an unrecoverable device error, load_error_after_tensors
+    # an I/O error while the weights load.
     fault_injection: dict | None = None
     extra: dict = field(default_factory=dict)
 
@@ -50,7 +55,12 @@ class EngineConfig:
             raise InvalidInputError("max_model_len must be >= 2", field="max_model_len")
         if self.prefix_cache_ttl_s is not None and not self.prefix_cache_ttl_s > 0:
             raise InvalidInputError("prefix_cache_ttl_s must be > 0", field="prefix_cache_ttl_s")
+        tps = self.tensor_parallel_size
+        if not isinstance(tps, int) or isinstance(tps, bool) or tps < 1:
+            raise InvalidInputError(f"tensor_parallel_size must be an integer >= 1, got {tps!r}",
+                                    field="tensor_parallel_size")
         if self.load_format not in ("auto", "dummy"):
             raise InvalidInputError(f"load_format {self.load_format!r} is not auto or dummy", field="load_format")
         if self.quantization not in (None, "awq", "none"):
             raise InvalidInputError(f"quantization {self.quantization!r} is not supported (awq or none)", field="quantization")
+        faults.validate(self.fault_injection)

@@ -73,3 +73,9 @@ class RequestFailedError(EngineError):
     """A failure while processing one request (it fails that request only)."""
 
     code = "internal_error"
+
+
+class NonFiniteLogitsError(RequestFailedError):
+    """The model gave NaN or infinite logits for one request (it fails that request only)."""
+
+    code = "non_finite_logits"

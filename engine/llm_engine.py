@@ -9,17 +9,20 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.faults import FaultInjector
 from engine.errors import (
     EngineError,
     InvalidInputError,
     KVCapacityError,
     ModelLoadError,
+    NonFiniteLogitsError,
     OutOfMemoryError,
     PromptTooLongError,
     RequestFailedError,
 )
 from engine.model import loader
 from engine.model.llama import LlamaForCausalLM
+from engine.parallel.group import SINGLE
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.runner import ModelRunner, kv_bytes_per_block
 from engine.sampler import Sampler
@@ -58,25 +61,53 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.tokenizer = load_tokenizer(config.tokenizer or path, config.revision)
         torch.manual_seed(config.seed)
+        self.workers = None  # the other ranks under tensor parallelism (engine.parallel)
+        tp = SINGLE
+        if config.tensor_parallel_size > 1:
+            from engine.parallel.launcher import TPWorkers
+
+            self.workers = TPWorkers.start(config, spec, path, self.max_model_len, self.dtype, self.device)
+            tp = self.workers.tp
         t0 = time.monotonic()
         try:
-            model = LlamaForCausalLM(spec, self.dtype, self.device, max_positions=self.max_model_len)
+            self.faults = FaultInjector(config.fault_injection)
+            model = LlamaForCausalLM(spec, self.dtype, self.device, max_positions=self.max_model_len, tp=tp)
             if config.load_format == "dummy":
                 model.init_dummy_weights(config.seed)
             else:
-                model.load_weights(loader.iter_weights(loader.safetensors_files(path), "cpu"))
+                weights = loader.iter_weights(loader.safetensors_files(path), "cpu")
+                model.load_weights(self.faults.wrap_weights(weights))
         except ModelLoadError:
             raise
-        except (ValueError, RuntimeError) as exc:
+        except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"weights of {config.model!r} could not be loaded: {exc}") from exc
         self.model = model.eval()
         log.info("loaded %s (%s, %s) in %.1fs", config.model, self.dtype, self.device, time.monotonic() - t0)
-        self.runner = ModelRunner(self.model, config.block_size, self.dtype, self.device)
+        budget = config.max_num_batched_tokens or (8192 if self.device.startswith("cuda") else 2048)
+        self.max_num_batched_tokens = budget
+        make_runner = self.workers.runner if self.workers else ModelRunner  # TP: one runner per rank
+        self.runner = make_runner(self.model, config.block_size, self.dtype, self.device,
+                                  max_num_seqs=config.max_num_seqs, max_num_batched_tokens=budget,
+                                  max_model_len=self.max_model_len)
+        self.memory: dict = {}
         num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         self.runner.allocate_kv_cache(num_blocks)
+        if self.device.startswith("cuda") and not config.enforce_eager:
+            from engine.cuda_graph import DecodeGraphs
+
+            if self.workers is not None:
+                self.runner.capture_graphs(min(config.max_num_seqs, 512))  # every rank its own
+            else:
+                self.runner.graphs = DecodeGraphs(self.runner, min(config.max_num_seqs, 512))
+                self.runner.graphs.capture()
+        if self.device.startswith("cuda"):
+            free, total = torch.cuda.mem_get_info()
+            self.memory["gpu_memory_fraction"] = (total - free) / total
+            log.info("KV cache: %d blocks of %d tokens; GPU memory in use: %.1f%% of %.1f GiB "
+                     "(gpu_memory_utilization %.2f)", num_blocks, config.block_size,
+                     100 * self.memory["gpu_memory_fraction"], total / 2**30, config.gpu_memory_utilization)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                           ttl_s=config.prefix_cache_ttl_s)
-        budget = config.max_num_batched_tokens or (8192 if self.device.startswith("cuda") else 2048)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, budget)
         self.eos_token_ids = loader.eos_token_ids(path, spec.eos_token_id, self.tokenizer)
         self.sampler = Sampler(self.eos_token_ids, config.seed)
@@ -84,23 +115,43 @@ class LLMEngine:
         self.step_count = 0
         self.num_failed_oom = 0
 
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (idempotent)."""
+        workers = getattr(self, "workers", None)
+        if workers is not None:
+            workers.close()
+
+    def __del__(self):
+        self.close()
+
     # -- sizing -----------------------------------------------------------------
     @property
     def kv_capacity_tokens(self) -> int:
         return self.block_manager.num_blocks * self.config.block_size
 
     def _blocks_from_memory(self) -> int:
+        """On CUDA: the memory left within gpu_memory_utilization once the weights,
+        the CUDA context and the peak of a forward at the full token budget are
+        counted (that forward is run here to measure it). On the CPU: enough for
+        a few full contexts, at most 4 GiB."""
         per_block = kv_bytes_per_block(self.model, self.config.block_size, self.dtype)
         if self.device.startswith("cuda"):
+            peak = self.runner.profile_peak_bytes(self.max_num_batched_tokens, self.config.max_num_seqs)
             free, total = torch.cuda.mem_get_info()
-            reserve = total * (1 - self.config.gpu_memory_utilization) + 2 * 2**30  # activations
-            budget = free - reserve
+            in_use = total - free  # weights, CUDA context, cuBLAS workspaces, other processes
+            graphs = 0 if self.config.enforce_eager else 256 * 2**20
+            budget = total * self.config.gpu_memory_utilization - in_use - peak - graphs
+            self.memory.update(total_bytes=total, in_use_before_kv_bytes=in_use, activation_peak_bytes=peak,
+                               kv_budget_bytes=max(0, int(budget)))
         else:
             want = max(4 * self.max_model_len, 16384) // self.config.block_size * per_block
             budget = min(want, 4 * 2**30)
         blocks = int(budget // per_block)
         if blocks < 1:
-            raise ModelLoadError("no memory is left for the KV cache after loading the model")
+            raise ModelLoadError(
+                f"no memory is left for the KV cache: {budget / 2**30:.2f} GiB within gpu_memory_utilization="
+                f"{self.config.gpu_memory_utilization} after the weights and a forward of "
+                f"{self.max_num_batched_tokens} tokens; raise gpu_memory_utilization or lower max_num_batched_tokens")
         return blocks
 
     # -- requests ----------------------------------------------------------------
@@ -202,15 +253,11 @@ class LLMEngine:
         return results, failed
 
     def _run(self, scheduled):
-        fi = self.config.fault_injection
-        if fi and fi.get("dead_at_step") == self.step_count:
-            raise RuntimeError("injected unrecoverable device error (fault_injection)")
-        if fi and fi.get("oom_at_step") == self.step_count and any(
-            s.request_id == fi.get("oom_request_id") for s, _ in scheduled
-        ):
-            raise torch.OutOfMemoryError("injected out-of-memory (fault_injection)")
+        self.faults.before_run(self.step_count, scheduled)
         logits = self.runner.execute(scheduled)
         samplers = [(seq, n) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens]
+        if samplers:
+            logits = self.faults.poison_logits(self.step_count, [s for s, _ in samplers], logits)
         samples = iter(self.sampler.sample(logits, [s for s, _ in samplers]) if samplers else [])
         return [next(samples) if seq.num_computed_tokens + n == seq.num_tokens else None for seq, n in scheduled]
 
@@ -225,8 +272,7 @@ class LLMEngine:
             if sample is None:
                 return [None]  # a prefill chunk: nothing to report yet
             if sample.error is not None:
-                return [self._fail(seq, RequestFailedError(f"request {seq.request_id}: {sample.error}",
-                                                           reason="non_finite_logits"))]
+                return [self._fail(seq, NonFiniteLogitsError(f"request {seq.request_id}: {sample.error}"))]
             if seq.first_token_time is None:
                 seq.first_token_time = time.monotonic()
             token = sample.token_id
@@ -234,6 +280,7 @@ class LLMEngine:
             seq.cumulative_logprob += sample.logprob
             if seq.logprobs is not None:
                 seq.logprobs.append(sample.top_logprobs)
+            self.faults.before_detokenize(self.step_count, seq)
             self._check_finish(seq, token)
             if seq.finish_reason is not None:
                 self.requests.pop(seq.request_id, None)
@@ -315,4 +362,5 @@ class LLMEngine:
             "prefix_cache_hit_rate": bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.step_count,
+            **{k: v for k, v in self.memory.items() if k == "gpu_memory_fraction"},
         }

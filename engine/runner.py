@@ -1,9 +1,14 @@
 """Runs the model for one scheduled step: KV cache allocation, packed inputs
-and attention metadata, forward, logits of the positions that sample."""
+and attention metadata, forward, logits of the positions that sample.
+
+Inputs are built on the host in numpy and reach the device by asynchronous
+copies from pinned buffers, so preparing a step never waits for the GPU.
+Decode steps replay CUDA graphs (engine.cuda_graph) unless enforce_eager."""
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from engine.model.layers import ForwardContext, PagedAttention, forward_context
@@ -17,8 +22,40 @@ def kv_bytes_per_block(model, block_size: int, dtype) -> int:
     return 2 * s.num_layers * block_size * s.num_kv_heads * s.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+class HostBuffers:
+    """Reused host arrays of one step's inputs (pinned on CUDA). Before they are
+    refilled, the copies out of them from the previous step must be done."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, pin: bool):
+        def buf(n, dtype):
+            t = torch.empty(n, dtype=dtype, pin_memory=pin)
+            return t, t.numpy()
+
+        self.pin = pin
+        self.ids_t, self.ids = buf(max_tokens, torch.int64)
+        self.pos_t, self.pos = buf(max_tokens, torch.int64)
+        self.slots_t, self.slots = buf(max_tokens, torch.int64)
+        self.ctx_t, self.ctx = buf(max_seqs, torch.int32)
+        self.qsl_t, self.qsl = buf(max_seqs + 1, torch.int32)
+        self.rows_t, self.rows = buf(max_seqs, torch.int64)
+        self.table_t = torch.empty(0, dtype=torch.int32)
+        self.copied: torch.cuda.Event | None = None
+
+    def table(self, rows: int, cols: int) -> np.ndarray:
+        if self.table_t.numel() < rows * cols:
+            self.table_t = torch.empty(max(rows * cols, 2 * self.table_t.numel()), dtype=torch.int32,
+                                       pin_memory=self.pin)
+        return self.table_t[: rows * cols].numpy().reshape(rows, cols)
+
+    def wait(self):
+        if self.copied is not None:
+            self.copied.synchronize()  # normally long done: the previous step ended with a sync
+            self.copied = None
+
+
 class ModelRunner:
-    def __init__(self, model, block_size: int, dtype, device):
+    def __init__(self, model, block_size: int, dtype, device, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None):
         self.model = model
         self.block_size = block_size
         self.dtype = dtype
@@ -26,53 +63,141 @@ class ModelRunner:
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len or model.spec.max_position_embeddings
+        self.max_blocks_per_seq = -(-self.max_model_len // block_size)
+        cuda = self.device.type == "cuda"
+        self.host = HostBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, pin=cuda)
+        self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured
 
     def allocate_kv_cache(self, num_blocks: int):
         s = self.model.spec
         shape = (num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
-        self.k_caches, self.v_caches = [], []
+        self.free_kv_cache()
         for layer in self.attn_layers:
             layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self.k_caches.append(layer.k_cache)
             self.v_caches.append(layer.v_cache)
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        bs = self.block_size
-        input_ids, positions, slots = [], [], []
-        qsl, ctx_lens, sample_rows = [0], [], []
-        max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
-        tables = []
-        for seq, n in scheduled:
-            start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            qsl.append(qsl[-1] + n)
-            ctx_lens.append(start + n)
-            tables.append(table + [0] * (max_blocks - len(table)))
-            if start + n == seq.num_tokens:
-                sample_rows.append(qsl[-1] - 1)
-        dev = self.device
-        ctx = ForwardContext(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            is_decode=all(n == 1 for _, n in scheduled),
-        )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        return ids, pos, ctx, sample_rows
+    def free_kv_cache(self):
+        for layer in self.attn_layers:
+            layer.k_cache = layer.v_cache = None
+        self.k_caches, self.v_caches = [], []
 
+    # -- inputs -------------------------------------------------------------------
+    def fill_host(self, scheduled: list[tuple[Sequence, int]], pad_to: int = 0, table_cols: int = 0):
+        """Writes the step's inputs into the host buffers. Returns (tokens, seqs,
+        table columns, sample rows, max query length). Rows past len(scheduled)
+        up to pad_to are padding: slot -1 (no KV write), context length 0."""
+        h, bs = self.host, self.block_size
+        h.wait()
+        n_seqs = len(scheduled)
+        rows_n = max(n_seqs, pad_to)
+        cols = max(table_cols, max(len(seq.block_table) for seq, _ in scheduled))
+        table = h.table(rows_n, cols)
+        t = 0
+        sample_rows = []
+        max_q = 0
+        h.qsl[0] = 0
+        for i, (seq, n) in enumerate(scheduled):
+            start = seq.num_computed_tokens
+            bt = seq.block_table
+            if n == 1:
+                h.ids[t] = seq.token_ids[start]
+                h.pos[t] = start
+                h.slots[t] = bt[start // bs] * bs + start % bs
+            else:
+                pos = np.arange(start, start + n)
+                h.ids[t : t + n] = seq.token_ids[start : start + n]
+                h.pos[t : t + n] = pos
+                h.slots[t : t + n] = np.asarray(bt, dtype=np.int64)[pos // bs] * bs + pos % bs
+            t += n
+            max_q = max(max_q, n)
+            h.qsl[i + 1] = t
+            h.ctx[i] = start + n
+            table[i, : len(bt)] = bt
+            table[i, len(bt) :] = 0
+            if start + n == seq.num_tokens:
+                sample_rows.append(t - 1)
+        if rows_n > n_seqs:  # graph padding
+            h.ids[t : t + rows_n - n_seqs] = 0
+            h.pos[t : t + rows_n - n_seqs] = 0
+            h.slots[t : t + rows_n - n_seqs] = -1
+            h.ctx[n_seqs:rows_n] = 0
+            h.qsl[n_seqs + 1 : rows_n + 1] = np.arange(t + 1, t + 1 + rows_n - n_seqs)
+            table[n_seqs:rows_n] = 0
+        h.rows[: len(sample_rows)] = sample_rows
+        return t, n_seqs, cols, sample_rows, max_q
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return t.clone()
+        return t.to(self.device, non_blocking=True)
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]):
+        tokens, n_seqs, cols, rows, max_q = self.fill_host(scheduled)
+        h = self.host
+        ctx = ForwardContext(
+            slot_mapping=self._to_device(h.slots_t[:tokens]),
+            block_tables=self._to_device(h.table_t[: n_seqs * cols].view(n_seqs, cols)),
+            context_lens=self._to_device(h.ctx_t[:n_seqs]),
+            query_start_loc=self._to_device(h.qsl_t[: n_seqs + 1]),
+            is_decode=max_q == 1,
+            max_query_len=max_q,
+        )
+        ids = self._to_device(h.ids_t[:tokens])
+        pos = self._to_device(h.pos_t[:tokens])
+        rows_t = self._to_device(h.rows_t[: len(rows)])
+        self.mark_copied()
+        return ids, pos, ctx, rows_t
+
+    def mark_copied(self):
+        if self.device.type == "cuda":
+            self.host.copied = torch.cuda.Event()
+            self.host.copied.record()
+
+    # -- running -------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the scheduled requests that sample, in order."""
-        ids, pos, ctx, rows = self.prepare(scheduled)
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            return self.graphs.run(scheduled).float()
+        ids, pos, ctx, rows_t = self.prepare(scheduled)
+        if rows_t.numel() == 0:
+            with forward_context(ctx):
+                self.model(ids, pos)
+            return torch.empty(0, self.model.spec.vocab_size, device=self.device)
         with forward_context(ctx):
             hidden = self.model(ids, pos)
-        if not rows:
-            return torch.empty(0, self.model.spec.vocab_size)
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, rows_t)).float()
+
+    @torch.inference_mode()
+    def profile_peak_bytes(self, num_tokens: int, num_seqs: int) -> int:
+        """Peak memory (bytes above what is allocated now) of a forward over
+        num_tokens prompt tokens in num_seqs sequences, all sampling, with a
+        temporary KV cache for them: the activation reserve of a full step."""
+        num_seqs = max(1, min(num_seqs, num_tokens))
+        lens = [num_tokens // num_seqs + (1 if i < num_tokens % num_seqs else 0) for i in range(num_seqs)]
+        seqs, block = [], 0
+        from engine.sampling_params import SamplingParams
+
+        for i, n in enumerate(lens):
+            seq = Sequence(f"profile-{i}", None, [1] * n, SamplingParams(max_tokens=1), 1)
+            nb = -(-n // self.block_size)
+            seq.block_table = list(range(block, block + nb))
+            block += nb
+            seqs.append((seq, n))
+        torch.cuda.synchronize(self.device)
+        self.allocate_kv_cache(block)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        logits = self.execute(seqs)
+        # the sampler's working copies of the logits (float copy, edited copy, log-softmax)
+        extra = 3 * logits.numel() * 4
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del logits
+        self.free_kv_cache()
+        torch.cuda.empty_cache()
+        return peak + extra

@@ -15,7 +15,8 @@ ENGINE_FIELDS = {
     "block_size": "BLOCK_SIZE", "max_model_len": "MAX_MODEL_LEN", "max_num_seqs": "MAX_NUM_SEQS",
     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "enable_prefix_caching": "ENABLE_PREFIX_CACHING",
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "num_kv_blocks": "NUM_KV_BLOCKS", "seed": "SEED",
-    "fault_injection": "FAULT_INJECTION",
+    "fault_injection": "FAULT_INJECTION", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
+    "enforce_eager": "ENFORCE_EAGER",
 }
 
 
@@ -34,7 +35,8 @@ def engine_config(settings: Any, model: str):
         max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
         gpu_memory_utilization=settings.gpu_memory_utilization, num_kv_blocks=settings.num_kv_blocks,
-        seed=settings.seed, fault_injection=settings.fault_injection, **ttl,
+        seed=settings.seed, fault_injection=settings.fault_injection,
+        tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager, **ttl,
     )
 
 
@@ -64,7 +66,10 @@ def build_engine(settings: Any, on_progress: Callable[[str], None] | None = None
     `on_progress` hears the default model's preparation steps."""
     from engine import AsyncLLMEngine
 
+    from handler.model_roots import check_model_path
+
     model = settings.model_name or default_model_path(settings, on_progress)
+    check_model_path(model, settings)  # ALLOWED_MODEL_ROOTS, before any file of it is read
     return AsyncLLMEngine.from_config(engine_config(settings, model))
 
 

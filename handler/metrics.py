@@ -1,16 +1,56 @@
-"""Worker metrics through prometheus_client: served on METRICS_PORT when set,
-otherwise summarized in a log line."""
+"""Worker metrics through prometheus_client: jobs by status and code, tokens, TTFT and TPOT
+histograms, and the engine's live state (queue depth, running requests, KV blocks, prefix-cache
+hits) read at scrape time; served on METRICS_PORT, summarized in a `metrics {...}` log line."""
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("handler.metrics")
 
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class _EngineCollector:
+    """The engine's state as Prometheus metrics, read from `stats()` on each collection."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.metrics.engine_stats()
+        if not s:
+            return
+        gauges = {
+            "worker_queue_depth": ("Requests waiting in the engine's queue", s.get("num_waiting", 0)),
+            "worker_requests_running": ("Requests running in the engine", s.get("num_running", 0)),
+            "worker_kv_blocks_used": ("KV blocks held by requests",
+                                      s.get("kv_blocks_total", 0) - s.get("kv_blocks_free", 0)),
+            "worker_kv_blocks_free": ("Free KV blocks (cached ones included)", s.get("kv_blocks_free", 0)),
+            "worker_kv_blocks_total": ("KV blocks", s.get("kv_blocks_total", 0)),
+            "worker_prefix_cache_hit_rate": ("Prompt tokens found in the prefix cache / prompt tokens looked up",
+                                             s.get("prefix_cache_hit_rate", 0.0)),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(name, doc, value=value)
+        counters = {
+            "worker_prefix_cache_hit_tokens": ("Prompt tokens found in the prefix cache", "prefix_cache_hit_tokens"),
+            "worker_prefix_cache_query_tokens": ("Prompt tokens looked up in the prefix cache",
+                                                 "prefix_cache_query_tokens"),
+            "worker_preemptions": ("Requests preempted (recomputed later) for KV room", "num_preemptions"),
+        }
+        for name, (doc, key) in counters.items():
+            yield CounterMetricFamily(name, doc, value=s.get(key, 0))
 
 
 class Metrics:
-    """Counters and histograms of jobs and tokens, gauges of the engine's state."""
+    """Counters and histograms of jobs and tokens, and the engine's state."""
 
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,49 +60,101 @@ class Metrics:
         self.jobs = Counter("worker_jobs", "Jobs finished, by status and error code", ["status", "code"], registry=r)
         self.job_seconds = Histogram("worker_job_duration_seconds", "Job duration", buckets=_BUCKETS, registry=r)
         self.ttft = Histogram("worker_time_to_first_token_seconds", "From job start to first token",
-                              buckets=_BUCKETS, registry=r)
-        self.tokens = Counter("worker_tokens", "Tokens processed", ["kind"], registry=r)
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("worker_time_per_output_token_seconds", "Mean time per output token after the "
+                              "first, per completed job", buckets=_TPOT_BUCKETS, registry=r)
+        self.tokens = Counter("worker_tokens", "Tokens in (prompt) and out (completion)", ["kind"], registry=r)
         self.in_flight = Gauge("worker_jobs_in_flight", "Jobs running in the handler", registry=r)
-        self.kv_free = Gauge("worker_kv_blocks_free", "Free KV blocks (cached ones included)", registry=r)
-        self.kv_total = Gauge("worker_kv_blocks_total", "KV blocks", registry=r)
-        self.engine_running = Gauge("worker_engine_running", "Requests running in the engine", registry=r)
-        self.engine_waiting = Gauge("worker_engine_waiting", "Requests waiting in the engine", registry=r)
         self.load_seconds = Gauge("worker_model_load_seconds", "Time the model load took", registry=r)
         self.concurrency = Gauge("worker_concurrency", "Concurrency the job scaler was given", registry=r)
+        self._stats_fn: Callable[[], dict] | None = None
+        self._last_stats: dict = {}
+        self._server = None
+        r.register(_EngineCollector(self))
 
-    def job_finished(self, status: str, code: str, seconds: float, ttft: float | None,
+    # -- updates ----------------------------------------------------------------------------
+    def job_finished(self, status: str, code: str, seconds: float, ttft: float | None, tpot: float | None,
                      prompt_tokens: int, completion_tokens: int) -> None:
         self.jobs.labels(status, code).inc()
         self.job_seconds.observe(seconds)
         if ttft is not None:
             self.ttft.observe(ttft)
+        if tpot is not None:
+            self.tpot.observe(tpot)
         self.tokens.labels("prompt").inc(prompt_tokens)
         self.tokens.labels("completion").inc(completion_tokens)
 
-    def engine_state(self, stats: dict) -> None:
-        self.kv_free.set(stats.get("kv_blocks_free", 0))
-        self.kv_total.set(stats.get("kv_blocks_total", 0))
-        self.engine_running.set(stats.get("num_running", 0))
-        self.engine_waiting.set(stats.get("num_waiting", 0))
+    def bind_engine(self, stats_fn: Callable[[], dict]) -> None:
+        """Read the engine's state live from `stats_fn` (cheap: counts only) at each collection."""
+        self._stats_fn = stats_fn
 
-    def serve(self, port: int) -> None:
+    def engine_state(self, stats: dict) -> None:
+        """The engine's latest stats, used when no engine is bound."""
+        self._last_stats = dict(stats)
+
+    def engine_stats(self) -> dict:
+        if self._stats_fn is not None:
+            try:
+                return self._stats_fn()
+            except Exception:  # noqa: BLE001 - a failed read must not break a scrape
+                log.debug("engine stats could not be read", exc_info=True)
+        return self._last_stats
+
+    # -- output -----------------------------------------------------------------------------
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         from prometheus_client import start_http_server
 
-        start_http_server(port, registry=self.registry)
-        log.info("metrics served on port %d", port)
+        self._server = start_http_server(port, addr=addr, registry=self.registry)
+        log.info("metrics served on port %d (/metrics)", port)
+
+    def stop_serving(self) -> None:
+        if isinstance(self._server, tuple):
+            self._server[0].shutdown()
+            self._server[0].server_close()
+        self._server = None
 
     def summary(self) -> dict:
-        """Totals for the summary log line."""
+        """Totals and the engine's state, for the summary log line."""
         out: dict = {"jobs": {}, "tokens": {}}
+        hist: dict[str, dict] = {}
         for metric in self.registry.collect():
             for s in metric.samples:
+                if s.name.endswith("_created"):
+                    continue
                 if s.name == "worker_jobs_total":
                     key = s.labels["status"] + ("" if s.labels["code"] == "ok" else ":" + s.labels["code"])
                     out["jobs"][key] = int(s.value)
                 elif s.name == "worker_tokens_total":
                     out["tokens"][s.labels["kind"]] = int(s.value)
-                elif s.name in ("worker_job_duration_seconds_sum", "worker_job_duration_seconds_count"):
-                    out[s.name.removeprefix("worker_job_duration_")] = round(s.value, 3)
-                elif s.name in ("worker_kv_blocks_free", "worker_kv_blocks_total", "worker_jobs_in_flight"):
-                    out[s.name.removeprefix("worker_")] = int(s.value)
+                elif metric.type == "histogram":
+                    h = hist.setdefault(metric.name, {"buckets": []})
+                    if s.name.endswith("_bucket"):
+                        h["buckets"].append((float(s.labels["le"]), s.value))
+                    else:
+                        h[s.name.rsplit("_", 1)[1]] = s.value
+                elif metric.type in ("gauge", "counter") and s.name.startswith("worker_"):
+                    key = s.name.removeprefix("worker_")
+                    key = key.removesuffix("_total") if metric.type == "counter" else key
+                    out[key] = int(s.value) if float(s.value).is_integer() else round(s.value, 4)
+        for name, short in (("worker_job_duration_seconds", "job_s"), ("worker_time_to_first_token_seconds", "ttft_s"),
+                            ("worker_time_per_output_token_seconds", "tpot_s")):
+            out[short] = _histogram_summary(hist.get(name, {}))
         return out
+
+    async def log_every(self, interval_s: float) -> None:
+        """Log `metrics {json}` every `interval_s` seconds (for serverless, where nothing scrapes)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            log.info("metrics %s", json.dumps(self.summary()))
+
+
+def _histogram_summary(h: dict) -> dict:
+    """count, mean, and the bucket bounds holding the median and the 90th percentile."""
+    count = int(h.get("count", 0))
+    if not count:
+        return {"count": 0}
+    out = {"count": count, "mean": round(h.get("sum", 0.0) / count, 5)}
+    for q, key in ((0.5, "p50_le"), (0.9, "p90_le")):
+        bound = next((le for le, c in sorted(h["buckets"]) if c >= q * count), float("inf"))
+        out[key] = bound if bound != float("inf") else "+Inf"
+    return out

@@ -17,7 +17,7 @@ TOP_LEVEL_KEYS = {
     "prompt", "messages", "sampling_params", "stream", "apply_chat_template", "use_openai_format",
     "max_batch_size", "min_batch_size", "batch_size_growth_factor", "openai_route", "openai_input",
     # ours
-    "summarize", "on_truncation", "request_id", "priority", "timeout_s", "cache_salt",
+    "summarize", "on_truncation", "request_id", "priority", "timeout_s", "cache_salt", "tenant",
 }
 
 # engine.SamplingParams fields; max_tokens may stay unset (the worker resolves it)
@@ -31,6 +31,9 @@ SAMPLING_NOOP = {"n": 1, "best_of": 1, "use_beam_search": False, "logprobs": Non
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 MAX_REQUEST_ID_LEN = 256
+MAX_JSON_DEPTH = 32  # deepest nesting of lists and objects in a job's input
+MAX_BATCH_SIZE = 2**31  # stream item sizes (tokens) beyond this are the same as this
+MAX_TENANT_LEN = 256
 
 
 @dataclass(slots=True)
@@ -67,7 +70,7 @@ class JobSpec:
     request_id: str | None = None
     priority: int = 0
     timeout_s: float | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = None  # enters the prefix-cache block hashes (from cache_salt and/or tenant)
     batching: StreamBatching | None = None
     summarize: SummarizeSpec | None = None
     include_usage: bool = False  # OpenAI stream_options.include_usage
@@ -78,13 +81,55 @@ class JobSpec:
     def is_openai(self) -> bool:
         return self.route in ROUTES
 
+    @property
+    def result_key(self) -> str | None:
+        """The result cache's key: request_id within the job's cache salt (tenants never share results)."""
+        if self.request_id is None:
+            return None
+        return self.request_id if self.cache_salt is None else f"{self.cache_salt}\x00{self.request_id}"
+
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond the float range
+        return False
+
+
+def _field_name(key: str) -> str:
+    """A key as it can appear in an error (an unpaired surrogate would break the UTF-8 reply)."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_json(value: Any, path: str = "input") -> None:
+    """Refuse, naming the field, what would break the worker further in: nesting deeper than
+    MAX_JSON_DEPTH and strings with unpaired surrogates (a JSON escape like \\ud800, invalid UTF-8)."""
+    stack = [(value, path, 0)]
+    while stack:
+        v, where, depth = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid(where, "is not valid Unicode: it holds an unpaired surrogate (e.g. \\ud800)") from None
+        elif isinstance(v, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise invalid(where, f"nests deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(v, list):
+                stack.extend((x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v))
+                continue
+            for k, x in v.items():
+                name = (_field_name(k) or '""') if isinstance(k, str) else repr(k)
+                key_path = f"{where}.{name}" if depth else name
+                if not isinstance(k, str) or name not in (k, '""'):
+                    raise invalid(key_path, "keys must be valid Unicode strings")
+                stack.append((x, key_path, depth + 1))
 
 
 def _bool(data: dict, key: str, default: bool, prefix: str = "") -> bool:
@@ -112,7 +157,7 @@ def parse_messages(messages: Any, field_name: str = "messages") -> list[dict]:
         if not isinstance(m, dict):
             raise invalid(where, "must be an object with role and content")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise invalid(f"{where}.role", f"must be one of {', '.join(sorted(ROLES))}")
         content = m.get("content")
         if isinstance(content, list):
@@ -175,7 +220,7 @@ def _batching(data: dict, settings: Any) -> StreamBatching:
             return default
         if kind is int and not _is_int(v) or kind is float and not _is_num(v) or v < minimum:
             raise invalid(key, f"must be a number >= {minimum}")
-        return v
+        return min(v, MAX_BATCH_SIZE)
 
     return StreamBatching(
         max_size=get("max_batch_size", settings.default_batch_size, 1, int),
@@ -205,12 +250,36 @@ def _summarize(value: Any) -> SummarizeSpec:
 
 
 def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
-    """The job's `input` as a JobSpec; raises JobError(invalid_input) naming the field."""
+    """The job's `input` as a JobSpec; raises JobError(invalid_input) naming the field
+    (also for input over the size limits of handler.limits)."""
+    from handler.limits import check_limits
+
+    spec = _parse_job_input(job_input, settings)
+    check_limits(spec, job_input, settings)
+    return spec
+
+
+def _cache_salt(job_input: dict) -> str | None:
+    """cache_salt as given; with a tenant, a salt derived from both (so no tenant can name another's salt
+    by accident)."""
+    salt, tenant = job_input.get("cache_salt"), job_input.get("tenant")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise invalid("cache_salt", "must be a non-empty string")
+    if tenant is None:
+        return salt
+    if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LEN:
+        raise invalid("tenant", f"must be a non-empty string of at most {MAX_TENANT_LEN} characters")
+    blob = json.dumps(["tenant", tenant, salt], ensure_ascii=False).encode()
+    return "tenant-" + hashlib.sha256(blob).hexdigest()
+
+
+def _parse_job_input(job_input: Any, settings: Any) -> JobSpec:
     if not isinstance(job_input, dict):
         raise invalid("input", "must be a JSON object")
+    check_json(job_input)
     for key in job_input:
         if key not in TOP_LEVEL_KEYS:
-            raise invalid(key, "unknown input key; expected one of " + ", ".join(sorted(TOP_LEVEL_KEYS)))
+            raise invalid(key or '""', "unknown input key; expected one of " + ", ".join(sorted(TOP_LEVEL_KEYS)))
     spec = JobSpec(route="generate", fingerprint=fingerprint(job_input))
 
     rid = job_input.get("request_id")
@@ -229,11 +298,7 @@ def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
         spec.timeout_s = float(timeout)
     elif settings.job_timeout_s:
         spec.timeout_s = float(settings.job_timeout_s)
-    salt = job_input.get("cache_salt")
-    if salt is not None:
-        if not isinstance(salt, str) or not salt:
-            raise invalid("cache_salt", "must be a non-empty string")
-        spec.cache_salt = salt
+    spec.cache_salt = _cache_salt(job_input)
     policy = job_input.get("on_truncation", "flag")
     if policy not in ("flag", "error"):
         raise invalid("on_truncation", 'must be "flag" or "error"')

@@ -96,7 +96,8 @@ SETTINGS: tuple[Setting, ...] = (
        choices=("auto", "float16", "bfloat16", "float32"), group="model"),
     _s("MAX_MODEL_LEN", "int", None, "Context length (prompt + output tokens); unset: the model's.", minimum=2,
        group="model"),
-    _s("GPU_MEMORY_UTILIZATION", "float", 0.9, "Fraction of GPU memory the engine may use (weights + KV cache).",
+    _s("GPU_MEMORY_UTILIZATION", "float", 0.9, "Fraction of GPU memory the engine may fill: weights, the profiled "
+       "peak of a full-budget step, CUDA graphs, and the KV cache gets the rest.",
        minimum=0, exclusive_minimum=True, maximum=1, group="model"),
     _s("MAX_NUM_SEQS", "int", 256, "Most requests the engine runs in one batch.", minimum=1, group="model"),
     _s("MAX_NUM_BATCHED_TOKENS", "int", None, "Token budget of one engine step; unset: the engine's default.",
@@ -108,9 +109,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("PREFIX_CACHE_TTL_S", "float", 0.0, "Seconds an unused cached prefix block stays reusable; 0: until evicted.",
        minimum=0, group="model"),
     _s("SEED", "int", 0, "Engine seed for requests without their own seed.", minimum=0, group="model"),
+    _s("ENFORCE_EAGER", "bool", False, "No CUDA graphs for decode steps (they are captured at load, batch sizes 1 to "
+       "MAX_NUM_SEQS, and replayed for every decode step).", group="model"),
+    _s("TENSOR_PARALLEL_SIZE", "int", 1, "GPUs one worker splits the model across (tensor parallelism, one process "
+       "per GPU); the model's attention and KV heads must divide evenly, and the worker needs that many GPUs.",
+       minimum=1, group="model"),
     _s("HF_TOKEN", "str", None, "Hugging Face token for gated or private models.", secret=True, group="model"),
     _s("BASE_PATH", "str", None, "Cache root, e.g. the network volume `/runpod-volume`: the default model and "
        "(when HF_HOME is unset) the Hugging Face cache live under it.", group="model"),
+    _s("ALLOWED_MODEL_ROOTS", "str", None, "Folders (separated by `:`) a local model folder must lie in, symlinks "
+       "resolved; one outside fails model_load_failed. Unset: BASE_PATH, /runpod-volume, /models, the Hugging Face "
+       "cache, the user's cache and home folders, the working folder (unless it is `/`) and the temp folder; `*`: "
+       "anywhere.", group="model"),
     _s("FAULT_INJECTION", "json", None, "Testing only, off by default: JSON handed to the engine's fault_injection, "
        "e.g. `{\"oom_at_step\": 3, \"oom_request_id\": \"job-1\"}`.", group="model"),
     # worker
@@ -120,6 +130,11 @@ SETTINGS: tuple[Setting, ...] = (
        "free KV blocks; 0: max_model_len.", minimum=0),
     _s("DEFAULT_MAX_TOKENS", "int", 4096, "Cap on output tokens when a job gives no max_tokens (it gets as many as fit "
        "the context, up to this; reaching it is reported as truncated, never silent).", minimum=1),
+    _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's text: the prompt, the messages' contents "
+       "together, or the document to summarize (a token-id prompt: most ids); more fails invalid_input.", minimum=1),
+    _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
+    _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
+       "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),
     _s("JOB_TIMEOUT_S", "float", 0.0, "Deadline of a job without its own timeout_s; 0: none.", minimum=0),
     _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job whose first token has not come this many seconds after it reached "
        "the engine fails `overloaded` (retryable); 0: off.", minimum=0),
@@ -139,10 +154,10 @@ SETTINGS: tuple[Setting, ...] = (
        exclusive_minimum=True),
     _s("LOAD_PROGRESS_INTERVAL_S", "float", 5.0, "Seconds between progress updates of jobs waiting for the model "
        "load.", minimum=0, exclusive_minimum=True),
-    _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port; unset: a summary log line every "
-       "METRICS_LOG_INTERVAL_S.", minimum=1, maximum=65535),
-    _s("METRICS_LOG_INTERVAL_S", "float", 60.0, "Seconds between metrics summary log lines; 0: only at exit.",
-       minimum=0),
+    _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port (`/metrics`, for pods); unset: not "
+       "served.", minimum=1, maximum=65535),
+    _s("METRICS_LOG_INTERVAL_S", "float", 60.0, "Seconds between the `metrics {...}` summary log lines (for "
+       "serverless, where nothing scrapes); 0: only at exit.", minimum=0),
     _s("LOG_LEVEL", "choice", "info", "Log level of the worker's own logs.",
        choices=("debug", "info", "warning", "error")),
 )

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="results JSONL (appended to; a rerun resumes from it)")
     p.add_argument("--report", help="also write a Markdown report of every document here")
     p.add_argument("--endpoint", metavar="ID", help="RunPod endpoint id; without it, the local engine runs here")
+    p.add_argument("--fallback-endpoint", metavar="ID", help="RunPod endpoint that gets each document failing "
+                   "`overloaded` (the worker's queue was full) at once, with the same API key and base URL")
     p.add_argument("--api-key", help="RunPod API key (default: $RUNPOD_API_KEY)")
     p.add_argument("--base-url", help="RunPod API base (default: $RUNPOD_ENDPOINT_BASE_URL, else the public /v2)")
     p.add_argument("--concurrency", type=_positive(int), default=8, help="documents in flight at once (default 8)")
@@ -122,6 +124,13 @@ def _main(args: argparse.Namespace) -> int:
                                     concurrency=args.concurrency, job_timeout_s=args.job_timeout, notify=notify)
         else:
             runner = _local_runner(notify)
+        if args.fallback_endpoint:
+            from handler.summarize_endpoint import EndpointRunner
+            from handler.summarize_fallback import FallbackRunner
+
+            fallback = EndpointRunner(args.fallback_endpoint, api_key=args.api_key, base_url=args.base_url,
+                                      concurrency=args.concurrency, job_timeout_s=args.job_timeout, notify=notify)
+            runner = FallbackRunner(runner, fallback, notify=notify)
     except (FatalError, SettingsError) as exc:
         return fail(str(exc))
     except ImportError as exc:  # the worker's own dependencies (the `worker` extra)

@@ -70,6 +70,7 @@ class Attempt:
     error: Any = None
     job_id: str | None = None
     gpu_seconds: float | None = None
+    served_by: str | None = None  # set when a fallback runner (not the first one) ran it
 
 
 class Runner(Protocol):
@@ -239,7 +240,7 @@ class Batch:
             result, error = outcome(a)
             extra = {"attempts": n, "seconds": round(time.monotonic() - t0, 3), "job_id": a.job_id,
                      "gpu_seconds": round(gpu, 3) if gpu is not None else None,
-                     "retried_after": [e["code"] for e in errors]}
+                     "retried_after": [e["code"] for e in errors], "served_by": a.served_by}
             if result is not None:
                 return self._line(doc, **result, **extra)
             errors.append(error)

@@ -14,7 +14,8 @@ from typing import Any
 from handler import summarize_core, summarize_job
 from handler.engine_setup import build_engine
 from handler.errors import JobError, error_item, invalid
-from handler.logs import JobLog
+from handler.job_report import JobContext, job_finished
+from handler.limits import output_cap
 from handler.openai_routes import OpenAIFormatter, models_response
 from handler.request_stream import Completion, RequestStream
 from handler.result_cache import ResultCache
@@ -23,36 +24,6 @@ from handler.schema import JobSpec, parse_job_input
 log = logging.getLogger("handler.worker")
 
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct-AWQ"
-
-
-# -- the job ------------------------------------------------------------------------------
-class JobContext:
-    """One job's state while it runs: its logger, clock, deadline and token counts."""
-
-    def __init__(self, job: dict):
-        self.job = job
-        self.id = str(job.get("id") or "unknown")
-        self.log = JobLog(log, self.id)
-        self.start = time.monotonic()
-        self.spec: JobSpec | None = None
-        self.deadline: float | None = None
-        self.first_token: float | None = None
-        self.arrival: float | None = None
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.cached = False
-        self.waited_for_load = 0.0
-
-    def timings(self) -> dict:
-        now = time.monotonic()
-        out = {
-            "queue_s": round((self.arrival or now) - self.start, 4),
-            "first_token_s": round(self.first_token - self.start, 4) if self.first_token else None,
-            "total_s": round(now - self.start, 4),
-        }
-        if self.waited_for_load:
-            out["model_load_wait_s"] = round(self.waited_for_load, 4)
-        return out
 
 
 class Worker:
@@ -148,7 +119,7 @@ class Worker:
             return
         owner = False
         if spec.request_id:
-            stored = await self.cache.claim(spec.request_id, spec.fingerprint)
+            stored = await self.cache.claim(spec.result_key, spec.fingerprint)
             if stored is not None:
                 ctx.cached = True
                 ctx.log.info("request_id %r: returning the stored result", spec.request_id)
@@ -175,9 +146,9 @@ class Worker:
         finally:
             if owner:
                 if ok:
-                    self.cache.store(spec.request_id, items)
+                    self.cache.store(spec.result_key, items)
                 else:
-                    self.cache.release(spec.request_id)
+                    self.cache.release(spec.result_key)
 
     async def _generate(self, ctx: JobContext, engine, spec: JobSpec) -> AsyncIterator[dict]:
         ids = self._prompt_ids(engine, spec)
@@ -263,7 +234,8 @@ class Worker:
         kw = dict(sampling)
         if kw.get("max_tokens") is None:
             room = min(engine.max_model_len, engine.kv_capacity_tokens) - num_prompt
-            kw["max_tokens"] = max(1, min(self.settings.default_max_tokens, room))
+            default = min(self.settings.default_max_tokens, output_cap(self.settings) or math.inf)
+            kw["max_tokens"] = max(1, int(min(default, room)))
         try:
             return SamplingParams(**kw)
         except InvalidInputError as exc:
@@ -301,12 +273,11 @@ class Worker:
                 if latest is not None and latest is not out:
                     if out is None:
                         ctx.prompt_tokens += len(latest.prompt_token_ids)
+                        ctx.cached_tokens += latest.num_cached_tokens or 0
                     out = latest
                     comp = out.outputs[0]
                     new_text, new_tok = comp.text[len(text):], len(comp.token_ids) - ntok
-                    if new_tok > 0 and ctx.first_token is None:
-                        ctx.first_token = time.monotonic()
-                    ctx.completion_tokens += new_tok
+                    ctx.add_tokens(new_tok)
                     text, ntok = comp.text, len(comp.token_ids)
                     if new_text or new_tok:
                         yield "delta", new_text, new_tok
@@ -404,13 +375,14 @@ class Worker:
         self.engine = engine
         seconds = time.monotonic() - t0
         self.metrics.load_seconds.set(seconds)
+        self.metrics.bind_engine(engine.stats)
         stats = engine.stats()
-        self.metrics.engine_state(stats)
         log.info("engine ready in %.1fs: %s, max_model_len %d, %d KV blocks of %d tokens (%d tokens)",
                  seconds, engine.model_name, engine.max_model_len, stats["kv_blocks_total"],
                  stats["kv_block_size"], engine.kv_capacity_tokens)
-        if self.settings.metrics_log_interval_s and not self.settings.metrics_port:
-            self._summary_task = asyncio.get_running_loop().create_task(self._log_summaries())
+        if self.settings.metrics_log_interval_s:
+            interval = self.settings.metrics_log_interval_s
+            self._summary_task = asyncio.get_running_loop().create_task(self.metrics.log_every(interval))
         return engine
 
     def _send_progress(self, ctx: JobContext, payload: dict) -> None:
@@ -445,24 +417,8 @@ class Worker:
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _finished(self, ctx: JobContext, status: str, error: JobError | None) -> None:
-        code = error.code if error else ("cancelled" if status == "cancelled" else "ok")
-        elapsed = time.monotonic() - ctx.start
-        ttft = ctx.first_token - ctx.start if ctx.first_token else None
-        self.metrics.job_finished(status, code, elapsed, ttft, ctx.prompt_tokens, ctx.completion_tokens)
         stats = self.engine.stats() if self.engine is not None else None
-        if stats:
-            self.metrics.engine_state(stats)
-        kv = f"kv_blocks_free={stats['kv_blocks_free']}/{stats['kv_blocks_total']} running={stats['num_running']} " \
-             f"waiting={stats['num_waiting']}" if stats else "engine not loaded"
-        level = logging.INFO if status != "failed" or (error and error.code == "invalid_input") else logging.WARNING
-        ctx.log.log(level, "%s%s in %.2fs (%d prompt + %d completion tokens%s); %s; jobs in flight %d",
-                    status, f" {code}: {error.message}" if error else "", elapsed, ctx.prompt_tokens,
-                    ctx.completion_tokens, ", cached result" if ctx.cached else "", kv, self.in_flight)
-
-    async def _log_summaries(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.metrics_log_interval_s)
-            log.info("metrics %s", json.dumps(self.metrics.summary()))
+        job_finished(ctx, status, error, self.metrics, stats, self.in_flight)
 
     async def aclose(self) -> None:
         """Stop the background tasks (the engine's loop, the summary logger)."""

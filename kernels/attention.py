@@ -80,12 +80,16 @@ def paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_s
     return out
 
 
-def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float):
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float,
+                            max_query_len: int | None = None):
     """q [T, Hq, D] packed; query_start_loc int32 [B+1]; context_lens int32 [B]
     (cached prefix + new tokens, whose KV is already written) -> [T, Hq, D].
-    Query token i of sequence b sits at position context_lens[b] - n_b + i."""
+    Query token i of sequence b sits at position context_lens[b] - n_b + i.
+    max_query_len (the largest n_b), when the caller knows it, spares the
+    Triton path a host synchronisation; it must not be smaller than the truth."""
     if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
-        return _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+        return _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+                               max_query_len)
     return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
 
 
@@ -103,8 +107,11 @@ def _decode_kernel(
     hkv = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(cl_ptr + b)
-    start = split * PART
-    end = tl.minimum(start + PART, ctx)
+    # this sequence's tokens per split: the grid is fixed by shapes (CUDA graphs),
+    # the work follows the real length; PART (from the table width) bounds it
+    part = tl.minimum(PART, tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N)
+    start = split * part
+    end = tl.minimum(start + part, ctx)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -312,7 +319,7 @@ def _prefill_kernel(
 _prefill = lazy_jit(_prefill_kernel)
 
 
-def _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale):
+def _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None):
     T, HQ, D = q.shape
     _, block_size, HKV, _ = k_cache.shape
     assert HQ % HKV == 0 and k_cache.shape == v_cache.shape
@@ -322,7 +329,8 @@ def _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_
         q = q.contiguous()
     B = query_start_loc.shape[0] - 1
     out = torch.empty(T, HQ, D, dtype=q.dtype, device=q.device)
-    max_new = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # one host sync per prefill
+    if max_new is None:  # one host sync
+        max_new = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_new == 0:
         return out
     fp32 = q.dtype == torch.float32

@@ -106,39 +106,54 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 
 @dataclass
 class AWQPrepared:
-    """One AWQ linear ready for awq_linear: the checkpoint tensors
-    (contiguous; the kernels read that layout as it is) and, when asked for,
-    `dense`, the dequantized [K, N] weight used for large M instead of
+    """One AWQ linear ready for awq_linear. On CUDA the weight is repacked once
+    into the K-packed layout of kernels.awq_kpack (`qk`, `zeros_u8`; the
+    checkpoint's qweight/qzeros are then dropped); otherwise the checkpoint
+    tensors (contiguous) for the kernels of this module. `dense`, when asked
+    for, is the dequantized [K, N] weight used for large M instead of
     dequantizing on every call (costs K * N * 2 bytes)."""
 
-    qweight: torch.Tensor
-    qzeros: torch.Tensor
+    qweight: Optional[torch.Tensor]
+    qzeros: Optional[torch.Tensor]
     scales: torch.Tensor
     group_size: int
     in_features: int
     out_features: int
     dense: Optional[torch.Tensor] = None
+    qk: Optional[torch.Tensor] = None
+    zeros_u8: Optional[torch.Tensor] = None
 
 
 DENSE_MIN_M = 512  # with a dense copy, M above this runs x @ dense
 
 
-def awq_prepare(qweight, qzeros, scales, group_size: int, keep_dense: bool = False) -> AWQPrepared:
+def awq_prepare(qweight, qzeros, scales, group_size: int, keep_dense: bool = False,
+                kpack: Optional[bool] = None) -> AWQPrepared:
     """Check and hold a layer's checkpoint tensors for awq_linear (call once at
-    load time, outside graph capture: it also reserves the split-K workspace)."""
+    load time, outside graph capture: it also reserves the split-K workspace).
+    kpack (default: on CUDA when K divides by 128) repacks the weight."""
+    from kernels import awq_kpack
+
     K, N8 = qweight.shape
     _check(K, N8, qzeros, scales, group_size, "awq_prepare")
     p = AWQPrepared(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), group_size, K, N8 * 8)
     if keep_dense:
         p.dense = awq_dequantize(p.qweight, p.qzeros, p.scales, group_size) if not use_triton(p.qweight) \
             else _dequant_triton(p.qweight, p.qzeros, p.scales, group_size, p.scales.dtype)
-    if p.qweight.is_cuda:
-        _workspace(p.qweight.device)
+    if kpack is None:
+        kpack = qweight.is_cuda and K % awq_kpack.ROWS == 0
+    if kpack:
+        p.qk, p.zeros_u8 = awq_kpack.kpack_from_awq(p.qweight, p.qzeros, group_size)
+        p.qweight = p.qzeros = None
+    if scales.is_cuda:
+        _workspace(scales.device)
     return p
 
 
 def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
     """x [..., K] @ dequant(prepared) [K, N] -> [..., N] in x's dtype."""
+    from kernels import awq_kpack
+
     p = prepared
     K = x.shape[-1]
     if K != p.in_features:
@@ -147,7 +162,13 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
     x2 = x.reshape(-1, K)
     if p.dense is not None and x2.shape[0] > DENSE_MIN_M:
         return (x2 @ p.dense.to(x2.dtype)).view(*lead, p.out_features)
-    if use_triton(x2, p.qweight, p.qzeros, p.scales) and x2.shape[0]:
+    if p.qk is not None:
+        if use_triton(x2, p.qk) and x2.shape[0]:
+            y = awq_kpack.kpack_gemm(x2, p.qk, p.zeros_u8, p.scales, p.group_size)
+        else:
+            w = awq_kpack.kpack_dequantize_reference(p.qk, p.zeros_u8, p.scales, p.group_size)
+            y = (x2.float() @ w).to(x2.dtype)
+    elif use_triton(x2, p.qweight, p.qzeros, p.scales) and x2.shape[0]:
         y = _awq_gemm_triton(x2, p.qweight, p.qzeros, p.scales, p.group_size)
     elif p.dense is not None:
         y = x2 @ p.dense.to(x2.dtype)
@@ -659,12 +680,21 @@ def _gemm_configs(M: int, dtype, device) -> list:
     # the previous kernel's winning configs (benchmarks/results before this change)
     old16 = [_legacy(16, 128, 7), _legacy(16, 64, 7), _legacy(16, 64, 7, warps=2)]
     old64 = [_legacy(32 if M <= 32 else 64, 128, s) for s in ((4, 14) if M <= 32 else (2, 7))]
+    # more programs in flight: thinner K blocks (fewer registers) and wider tiles
+    thin = [_fused(16, bw, 2, waves=w, pf=True, bk=32) for bw, w in ((32, 8), (32, 12), (64, 6), (64, 8))]
+    capped = [_fused(16, 32, 2, waves=8, pf=True, bk=64, maxnreg=128),
+              _fused(16, 64, 2, warps=8, waves=4, pf=True, bk=64)]
     if M <= 16:
-        return [safe] + pf + pfx + pfx64 + cpasync + old16
+        return [safe] + pf + pfx + pfx64 + cpasync + thin + capped + old16
+    # taller tiles for batched decode: one dequantized weight tile serves 32 or 64 rows
+    tall = [_fused(32, 32, 2, waves=4, pf=True, bk=64), _fused(32, 32, 2, warps=8, waves=4, pf=True, bk=64),
+            _fused(64, 32, 2, warps=8, waves=2, pf=True, bk=64), _fused(64, 32, 2, warps=8, waves=4, pf=True, bk=32)]
     if M <= 32:
-        return [safe, pf[0], pfx[0], pfx64[0], cpasync[0], DENSE] + old64
+        return [safe, pf[0], pfx[0], pfx64[0], cpasync[0], DENSE] + thin[:2] + tall[:2] + old64
     if M <= 64:
-        return [DENSE, pf[0], pfx[0]] + old64
+        return [DENSE, pf[0], pfx[0], thin[0]] + tall + old64
+    if M <= 256:
+        return [DENSE] + tall[2:] + [_fused(64, 32, 2, warps=8, waves=1, pf=True, bk=64)]
     return [DENSE]
 
 

@@ -4,7 +4,7 @@ One Triton program per token copies its K and V heads into the paged cache."""
 import torch
 import triton.language as tl
 
-from kernels._dispatch import lazy_jit, next_pow2, use_triton
+from kernels._dispatch import autotune, lazy_jit, next_pow2, use_triton
 
 
 def write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping):
@@ -55,11 +55,23 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     if value.stride(-1) != 1:
         value = value.contiguous()
     block_h, block_d = next_pow2(H), next_pow2(D)
-    tokens = 1 if (key.is_cuda and T < 1024) else 4
-    _write_kv[(-(-T // tokens),)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        T, H, D, k_cache.shape[1],
-        BLOCK_H=block_h, BLOCK_D=block_d, TOKENS=tokens, num_warps=4 if block_h * block_d <= 4096 else 8,
-    )
+
+    def launch(cfg):
+        tokens, warps = cfg
+        _write_kv[(-(-T // tokens),)](
+            key, value, k_cache, v_cache, slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            T, H, D, k_cache.shape[1],
+            BLOCK_H=block_h, BLOCK_D=block_d, TOKENS=tokens, num_warps=warps,
+        )
+
+    # (tokens per program, warps): the first is the interpreter's and the one
+    # used inside a graph capture before this shape was tuned
+    wide = 4 if block_h * block_d <= 4096 else 8
+    configs = [(1, wide) if key.is_cuda and T < 1024 else (4, wide)]
+    if key.is_cuda:
+        configs += [(t, w) for t in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8) if (t, w) != configs[0]
+                    and 32 * w * 8 <= block_h * block_d]  # 16-byte accesses need 8 elements a thread
+    cfg = autotune("write_kv", (next_pow2(T), H, D, key.dtype, k_cache.dtype, k_cache.shape[1]), configs, launch)
+    launch(cfg)

@@ -68,7 +68,7 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     tok = make_tokenizer()
-    cfg = tiny_config(arch, len(tok), **overrides)
+    cfg = tiny_config(arch, overrides.pop("vocab_size", len(tok)), **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if arch == "qwen2":  # biases start at zero; make them matter

@@ -2,13 +2,15 @@
 SmolLM2): one decoder over paged attention, dense or AWQ linears."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 import kernels
-from engine.model.layers import AWQLinear, Linear, PagedAttention, RMSNorm, rope_cache
+from engine.model.layers import AWQLinear, Linear, PagedAttention, RMSNorm, VocabParallelEmbedding, rope_cache
+from engine.parallel.group import SINGLE, TPGroup
 
 
 @dataclass(slots=True)
@@ -35,24 +37,34 @@ class ModelSpec:
     eos_token_id: object = None  # int or list, from config.json
 
 
-def make_linear(spec: ModelSpec, name: str, in_features: int, output_sizes, bias: bool, dtype, device):
-    if spec.quant_group_size and not any(m in name for m in spec.modules_not_quantized):
-        return AWQLinear(in_features, output_sizes, bias, spec.quant_group_size, dtype, device)
-    return Linear(in_features, output_sizes, bias, dtype, device)
+def is_quantized(spec: ModelSpec, name: str) -> bool:
+    return bool(spec.quant_group_size) and not any(m in name for m in spec.modules_not_quantized)
+
+
+def make_linear(spec: ModelSpec, name: str, in_features: int, output_sizes, bias: bool, dtype, device,
+                tp: TPGroup = SINGLE, split: str | None = None):
+    """Sizes are the checkpoint's; under tensor parallelism the layer keeps this rank's part."""
+    if is_quantized(spec, name):
+        return AWQLinear(in_features, output_sizes, bias, spec.quant_group_size, dtype, device, tp, split)
+    return Linear(in_features, output_sizes, bias, dtype, device, tp, split)
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, prefix: str, dtype, device):
+    """Under tensor parallelism: this rank's heads and KV heads (q/k/v column-split, o row-split)."""
+
+    def __init__(self, spec: ModelSpec, prefix: str, dtype, device, tp: TPGroup = SINGLE):
         super().__init__()
         hd = spec.head_dim
-        self.q_size, self.kv_size = spec.num_heads * hd, spec.num_kv_heads * hd
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, hd
+        heads = tp.part(spec.num_heads, "num_attention_heads")
+        kv_heads = tp.part(spec.num_kv_heads, "num_key_value_heads")
+        self.q_size, self.kv_size = heads * hd, kv_heads * hd
+        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, hd
+        q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
         self.qkv_proj = make_linear(
-            spec, prefix + "qkv_proj", spec.hidden_size, [self.q_size, self.kv_size, self.kv_size],
-            spec.attention_bias, dtype, device,
+            spec, prefix + "qkv_proj", spec.hidden_size, [q, kv, kv], spec.attention_bias, dtype, device, tp, "column",
         )
-        self.o_proj = make_linear(spec, prefix + "o_proj", self.q_size, [spec.hidden_size], False, dtype, device)
-        self.attn = PagedAttention(spec.num_heads, spec.num_kv_heads, hd)
+        self.o_proj = make_linear(spec, prefix + "o_proj", q, [spec.hidden_size], False, dtype, device, tp, "row")
+        self.attn = PagedAttention(heads, kv_heads, hd)
 
     def forward(self, positions, x, cos_sin):
         qkv = self.qkv_proj(x)
@@ -66,22 +78,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, prefix: str, dtype, device):
+    def __init__(self, spec: ModelSpec, prefix: str, dtype, device, tp: TPGroup = SINGLE):
         super().__init__()
         i = spec.intermediate_size
-        self.gate_up_proj = make_linear(spec, prefix + "gate_up_proj", spec.hidden_size, [i, i], spec.mlp_bias, dtype, device)
-        self.down_proj = make_linear(spec, prefix + "down_proj", i, [spec.hidden_size], spec.mlp_bias, dtype, device)
+        self.gate_up_proj = make_linear(spec, prefix + "gate_up_proj", spec.hidden_size, [i, i], spec.mlp_bias,
+                                        dtype, device, tp, "column")
+        self.down_proj = make_linear(spec, prefix + "down_proj", i, [spec.hidden_size], spec.mlp_bias, dtype, device,
+                                     tp, "row")
 
     def forward(self, x):
         return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, index: int, dtype, device):
+    def __init__(self, spec: ModelSpec, index: int, dtype, device, tp: TPGroup = SINGLE):
         super().__init__()
         p = f"model.layers.{index}."
-        self.self_attn = Attention(spec, p + "self_attn.", dtype, device)
-        self.mlp = MLP(spec, p + "mlp.", dtype, device)
+        self.self_attn = Attention(spec, p + "self_attn.", dtype, device, tp)
+        self.mlp = MLP(spec, p + "mlp.", dtype, device, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
 
@@ -99,17 +113,27 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, spec: ModelSpec, dtype, device, max_positions: int):
+    def __init__(self, spec: ModelSpec, dtype, device, max_positions: int, tp: TPGroup = SINGLE):
+        """tp.size > 1: this rank's shard; its `spec` then counts this rank's heads and
+        KV heads (what its KV cache holds), the rest of the spec is the whole model's."""
         super().__init__()
-        self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
-        self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i, dtype, device) for i in range(spec.num_layers))
+        self.tp = tp
+        self.spec = spec if tp.size == 1 else dataclasses.replace(
+            spec, num_heads=tp.part(spec.num_heads, "num_attention_heads"),
+            num_kv_heads=tp.part(spec.num_kv_heads, "num_key_value_heads"))
+        if tp.size == 1:
+            self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+            self.embed_tokens.weight.requires_grad_(False)
+        else:
+            self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, dtype, device, tp)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, dtype, device, tp) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
         if spec.tie_word_embeddings:
             self.lm_head_weight = None
-        else:
+        elif tp.size == 1:
             self.lm_head = Linear(spec.hidden_size, [spec.vocab_size], False, dtype, device)
+        else:
+            self.lm_head = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, dtype, device, tp)
         self.register_buffer(
             "cos_sin", rope_cache(spec.head_dim, max_positions, spec.rope_theta, spec.rope_scaling, device), persistent=False
         )
@@ -124,13 +148,15 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden):
+        if self.tp.size > 1:
+            return (self.embed_tokens if self.spec.tie_word_embeddings else self.lm_head).logits(hidden)
         if self.spec.tie_word_embeddings:
             return hidden @ self.embed_tokens.weight.t()
         return self.lm_head(hidden)
 
     # -- loading ---------------------------------------------------------------
     def linears(self):
-        return {n: m for n, m in self.named_modules() if isinstance(m, (Linear, AWQLinear))}
+        return {n: m for n, m in self.named_modules() if isinstance(m, (Linear, AWQLinear, VocabParallelEmbedding))}
 
     def load_weights(self, weights) -> None:
         """weights: iterable of (checkpoint name, tensor). Every parameter must be
@@ -142,7 +168,9 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb.inv_freq" in name:
                 continue
             key = name[len("model."):] if name.startswith("model.") else name
-            if key == "embed_tokens.weight":
+            if key == "embed_tokens.weight" and self.tp.size > 1:
+                self.embed_tokens.load(0, "weight", tensor)
+            elif key == "embed_tokens.weight":
                 self._copy(self.embed_tokens.weight, tensor, name)
             elif key == "lm_head.weight" and self.spec.tie_word_embeddings:
                 continue  # tied: the embeddings serve

@@ -138,3 +138,14 @@ def test_cached_blocks_expire_after_ttl():
     assert bm.expire() == 2 and not bm.cached
     _, hits = _cached_seq(bm, "c", list(range(1, 10)))
     assert hits == 0
+
+
+def test_hash_collision_across_salts_is_no_hit(monkeypatch):
+    import engine.block_manager as bmmod
+
+    monkeypatch.setattr(bmmod, "block_hash", lambda parent, tokens, salt: 42)  # the salt changes no hash
+    bm = BlockManager(16, 4)
+    a, _ = _cached_seq(bm, "a", list(range(1, 10)), salt="tenant-1")
+    bm.free_seq(a)
+    _, other = _cached_seq(bm, "b", list(range(1, 10)), salt="tenant-2")
+    assert other == 0  # same tokens, same hash, another salt: the block records its salt

@@ -192,6 +192,63 @@ def test_awq_prepare_and_linear(gen):
         check(awq.awq_linear(x, pd), ref, torch.bfloat16, "awq_linear dense")
 
 
+@pytest.mark.parametrize("K,N", [(3584, 4608), (18944, 3584), (3584, 37888)])
+@pytest.mark.parametrize("M", [1, 10, 16, 50, 64, 200])
+def test_kpack_every_config(K, N, M, gen):
+    """The K-packed kernel the engine runs on CUDA: each candidate config, and
+    the tuned public call, against the checkpoint-format reference in float32."""
+    from kernels import awq, awq_kpack
+
+    if N == 37888 and M not in (1, 16, 50):
+        pytest.skip("the widest layer: decode sizes only")
+    dtype = torch.bfloat16
+    qw, qz, s = _awq(K, N, 128, dtype, gen)
+    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, 128)
+    x = _rand((M, K), dtype, gen)
+    ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
+    for cfg in awq_kpack.configs(M, dtype, x.device):
+        check(awq_kpack.launch(x, qk, z8, s, 128, cfg), ref, dtype, f"kpack {cfg}")
+    check(awq_kpack.kpack_gemm(x, qk, z8, s, 128), ref, dtype, "kpack_gemm")
+
+
+@pytest.mark.parametrize("G", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_kpack_group_sizes_and_dtypes(G, dtype, gen):
+    from kernels import awq, awq_kpack
+
+    qw, qz, s = _awq(2048, 1024, G, torch.float16, gen)
+    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
+    x = _rand((7, 2048), dtype, gen)
+    ref = awq.awq_gemm_reference(x.float(), qw, qz, s.float(), G)
+    for cfg in awq_kpack.configs(7, dtype, x.device)[:3]:
+        check(awq_kpack.launch(x, qk, z8, s, G, cfg), ref, dtype, f"kpack G={G} {dtype} {cfg}")
+
+
+def test_kpack_split_k_deterministic_and_in_cuda_graph(gen):
+    from kernels import awq, awq_kpack
+
+    K, N, M = 18944, 3584, 4
+    qw, qz, s = _awq(K, N, 128, torch.bfloat16, gen)
+    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, 128)
+    x = _rand((M, K), torch.bfloat16, gen)
+    split = {"kind": "fused", "BM": 16, "BN": 64, "stages": 3, "split": 8}
+    a = awq_kpack.launch(x, qk, z8, s, 128, split)
+    b = awq_kpack.launch(x, qk, z8, s, 128, split)
+    assert torch.equal(a, b)
+    awq_kpack.kpack_gemm(x, qk, z8, s, 128)  # tune outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = awq_kpack.kpack_gemm(x, qk, z8, s, 128)
+        out2 = awq_kpack.launch(x, qk, z8, s, 128, split)
+    for _ in range(3):
+        x.copy_(_rand((M, K), torch.bfloat16, gen))
+        graph.replay()
+        ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
+        check(out, ref, torch.bfloat16, "kpack in graph")
+        check(out2, ref, torch.bfloat16, "kpack split-K in graph")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_rotary_silu_kv_write_real_shapes(dtype, gen):
     from kernels import activation, kv_cache, norm, rotary

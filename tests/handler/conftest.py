@@ -18,7 +18,8 @@ def loop():
     pending = asyncio.all_tasks(loop)  # the engines' background loops
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:  # gather() of nothing would make its future on another loop
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
 
 

@@ -1,0 +1,90 @@
+"""CUDA graphs for decode steps: one graph per batch size of a ladder up to
+max_num_seqs, sharing one memory pool, over persistent device input buffers.
+
+A decode step of n sequences replays the smallest graph of at least n rows;
+the rows past n are padding (KV slot -1, context length 0: no write, no
+read). The host fills pinned buffers and copies them into the persistent
+inputs asynchronously, so a replay never waits for the GPU."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.model.layers import ForwardContext, forward_context
+
+log = logging.getLogger(__name__)
+
+
+def batch_ladder(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to max_num_seqs (which is always included)."""
+    sizes = [b for b in (1, 2, 4) if b < max_num_seqs]
+    sizes += list(range(8, max_num_seqs, 8))
+    return sizes + [max_num_seqs]
+
+
+class DecodeGraphs:
+    def __init__(self, runner, max_batch: int):
+        self.runner = runner
+        self.sizes = batch_ladder(max_batch)
+        self.max_batch = self.sizes[-1]
+        dev = runner.device
+        W = runner.max_blocks_per_seq
+        self.ids = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slots = torch.full((self.max_batch,), -1, dtype=torch.int64, device=dev)
+        self.ctx = torch.zeros(self.max_batch, dtype=torch.int32, device=dev)
+        self.qsl = torch.arange(self.max_batch + 1, dtype=torch.int32, device=dev)
+        self.tables = torch.zeros(self.max_batch, W, dtype=torch.int32, device=dev)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    def _context(self, bs: int) -> ForwardContext:
+        return ForwardContext(slot_mapping=self.slots[:bs], block_tables=self.tables[:bs],
+                              context_lens=self.ctx[:bs], query_start_loc=self.qsl[: bs + 1],
+                              is_decode=True, max_query_len=1)
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        model = self.runner.model
+        with forward_context(self._context(bs)):
+            return model.compute_logits(model(self.ids[:bs], self.pos[:bs]))
+
+    @torch.inference_mode()
+    def capture(self):
+        """Largest batch first, so the smaller graphs fit in the pool it made.
+        Each size runs eagerly first: kernels compile and tune outside capture."""
+        t0 = time.monotonic()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.runner.device)
+        for bs in reversed(self.sizes):
+            self._forward(bs)
+            torch.cuda.synchronize(self.runner.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                out = self._forward(bs)
+            self.graphs[bs] = (graph, out)
+        torch.cuda.synchronize(self.runner.device)
+        self.capture_seconds = time.monotonic() - t0
+        log.info("captured %d decode CUDA graphs (batch %d..%d) in %.1fs", len(self.sizes), self.sizes[0],
+                 self.max_batch, self.capture_seconds)
+
+    def can_run(self, scheduled) -> bool:
+        return len(scheduled) <= self.max_batch and all(n == 1 for _, n in scheduled)
+
+    def run(self, scheduled) -> torch.Tensor:
+        """Logits [n, vocab] of a decode step of n sequences (a view of the graph's output)."""
+        n = len(scheduled)
+        bs = next(b for b in self.sizes if b >= n)
+        r = self.runner
+        tokens, _, cols, _, _ = r.fill_host(scheduled, pad_to=bs)
+        h = r.host
+        self.ids[:bs].copy_(h.ids_t[:bs], non_blocking=True)
+        self.pos[:bs].copy_(h.pos_t[:bs], non_blocking=True)
+        self.slots[:bs].copy_(h.slots_t[:bs], non_blocking=True)
+        self.ctx[:bs].copy_(h.ctx_t[:bs], non_blocking=True)
+        self.tables[:bs, :cols].copy_(h.table_t[: bs * cols].view(bs, cols), non_blocking=True)
+        r.mark_copied()
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:n]

@@ -1,0 +1,89 @@
+"""One job's running state (`JobContext`: its logger, clock, tokens) and its end: the metrics
+it adds and the one `finished` log line with status, code, tokens and timings."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from handler.errors import JobError
+from handler.logs import JobLog
+
+log = logging.getLogger("handler.worker")
+
+
+class JobContext:
+    """One job's state while it runs: its logger, clock, deadline and token counts."""
+
+    def __init__(self, job: dict):
+        self.job = job
+        self.id = str(job.get("id") or "unknown")
+        self.log = JobLog(log, self.id)
+        self.start = time.monotonic()
+        self.spec = None
+        self.deadline: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.arrival: float | None = None
+        self.prompt_tokens = 0
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.completion_tokens = 0
+        self.cached = False  # the result came from the request_id cache
+        self.waited_for_load = 0.0
+
+    def add_tokens(self, n: int) -> None:
+        """`n` new output tokens arrived now."""
+        if n <= 0:
+            return
+        now = time.monotonic()
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        self.completion_tokens += n
+
+    @property
+    def ttft(self) -> float | None:
+        return self.first_token - self.start if self.first_token is not None else None
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean seconds per output token after the first."""
+        if self.first_token is None or self.completion_tokens < 2:
+            return None
+        return (self.last_token - self.first_token) / (self.completion_tokens - 1)
+
+    def timings(self) -> dict:
+        now = time.monotonic()
+        out = {
+            "queue_s": round((self.arrival or now) - self.start, 4),
+            "first_token_s": round(self.ttft, 4) if self.ttft is not None else None,
+            "total_s": round(now - self.start, 4),
+        }
+        if self.waited_for_load:
+            out["model_load_wait_s"] = round(self.waited_for_load, 4)
+        return out
+
+
+def job_finished(ctx: JobContext, status: str, error: JobError | None, metrics, stats: dict | None,
+                 in_flight: int) -> None:
+    """Count the job in the metrics and log its one `finished` line:
+    `[job <id>] <status> <code>[: <message>] {json of tokens, timings, engine state}`."""
+    code = error.code if error else ("cancelled" if status == "cancelled" else "ok")
+    timings = ctx.timings()
+    tpot = ctx.tpot
+    metrics.job_finished(status, code, timings["total_s"], ctx.ttft, tpot if status == "completed" else None,
+                         ctx.prompt_tokens, ctx.completion_tokens)
+    if stats:
+        metrics.engine_state(stats)
+    record = {
+        "status": status, "code": code, "prompt_tokens": ctx.prompt_tokens, "cached_prompt_tokens": ctx.cached_tokens,
+        "completion_tokens": ctx.completion_tokens, **timings,
+        "tpot_s": round(tpot, 5) if tpot is not None else None, "cached_result": ctx.cached,
+        "route": ctx.spec.route if ctx.spec is not None else None, "jobs_in_flight": in_flight,
+    }
+    if stats:
+        record.update({"kv_blocks_free": stats["kv_blocks_free"], "kv_blocks_total": stats["kv_blocks_total"],
+                       "running": stats["num_running"], "waiting": stats["num_waiting"]})
+    level = logging.INFO if status != "failed" or code == "invalid_input" else logging.WARNING
+    ctx.log.log(level, "%s %s%s %s", status, code, f": {error.message}" if error else "",
+                json.dumps(record, ensure_ascii=False), extra={"job_finished": record})

@@ -1,0 +1,137 @@
+"""Overload: a job that really waits in the engine's queue (one sequence at a time, a slow step)
+past QUEUE_TIMEOUT_S fails `overloaded` (retryable) while the running one finishes; the summarize
+client sends such documents to its --fallback-endpoint."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from handler.local import run_job
+from tests.fakes.runpod_rest_api import FakeRestAPI
+from tests.handler.conftest import assert_free, error_of, settings_for, text_of
+from tests.handler.test_summarize_cli import (  # noqa: F401 - local_env is a fixture
+    ENV,
+    by_doc,
+    check_line,
+    local_env,
+    make_notes,
+    read_lines,
+    summarize,
+)
+
+LONG = {"max_tokens": 60, "ignore_eos": True, "temperature": 0}
+
+
+def slow_steps(worker, seconds: float) -> None:
+    """Every engine step takes at least `seconds` more: a busy GPU."""
+    inner = worker.engine.engine
+    step = inner.step
+
+    def slow():
+        time.sleep(seconds)
+        return step()
+
+    inner.step = slow
+
+
+def test_a_job_queued_past_the_queue_timeout_fails_overloaded(loop, make_worker):
+    w = make_worker(QUEUE_TIMEOUT_S="0.3", MAX_NUM_SEQS="1")
+    assert loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {"prompt": "Hi", "sampling_params": {
+        "max_tokens": 2, "ignore_eos": True}}}))["status"] == "COMPLETED"
+    slow_steps(w, 0.03)  # 60 tokens: about two seconds
+
+    async def main():
+        waiting_seen = []
+        first = asyncio.ensure_future(run_job(w.handle, {"id": "first", "input": {"prompt": "The roadmap",
+                                                                                   "sampling_params": LONG}}))
+        while not w.engine.stats()["num_running"]:
+            await asyncio.sleep(0.005)
+        t0 = time.monotonic()
+        second = asyncio.ensure_future(run_job(w.handle, {"id": "second", "input": {"prompt": "Action items",
+                                                                                     "sampling_params": LONG}}))
+        while not second.done():
+            waiting_seen.append(w.engine.stats()["num_waiting"])
+            await asyncio.sleep(0.02)
+        failed_after = time.monotonic() - t0
+        first_done_early = first.done()
+        return await first, second.result(), failed_after, first_done_early, waiting_seen
+
+    first, second, failed_after, first_done_early, waiting_seen = loop.run_until_complete(main())
+    err = error_of(second)
+    assert err["code"] == "overloaded" and err["retryable"] is True and "QUEUE_TIMEOUT_S=0.3" in err["message"]
+    assert max(waiting_seen) == 1  # it really sat in the engine's queue
+    assert 0.3 <= failed_after < 1.5 and not first_done_early  # it gave up while the first still ran
+    assert first["status"] == "COMPLETED" and first["output"][-1]["usage"]["completion_tokens"] == 60
+    assert_free(w)  # the overloaded request left the queue, its blocks (none) and stream gone
+    assert w.engine.stats()["num_streams"] == 0
+    assert w.metrics.summary()["jobs"]["failed:overloaded"] == 1
+
+    # with the engine free again, a job within the timeout runs
+    again = loop.run_until_complete(run_job(w.handle, {"id": "third", "input": {"prompt": "Action items",
+                                                                                 "sampling_params": LONG}}))
+    assert text_of(again) and again["output"][-1]["usage"]["completion_tokens"] == 60
+
+
+# -- the summarize client's fallback endpoint --------------------------------------------------
+class TwoEndpoints(FakeRestAPI):
+    """The primary fake; requests for `other.endpoint` at the same base URL go to `other`."""
+
+    other: FakeRestAPI
+
+    def _dispatch(self, req, method):
+        parts = urlsplit(req.path).path.strip("/").split("/")
+        if len(parts) > 1 and parts[1] == self.other.endpoint:
+            return self.other._dispatch(req, method)
+        return super()._dispatch(req, method)
+
+
+@pytest.fixture(scope="module")
+def endpoints(tiny_llama_dir):
+    from handler.worker import Worker
+
+    def worker(**extra):
+        return lambda **env: Worker(settings_for(tiny_llama_dir, **{**ENV, **extra, **env}))
+
+    # every job on the primary gives up before its first token can come: a full queue
+    with FakeRestAPI(worker(), endpoint="ep-fallback") as fallback:
+        primary = TwoEndpoints(worker(QUEUE_TIMEOUT_S="0.000001"), endpoint="ep-busy")
+        primary.other = fallback
+        with primary:
+            yield primary, fallback
+
+
+@pytest.fixture
+def endpoint_env(local_env, endpoints, monkeypatch):  # noqa: F811 - local_env is the imported fixture
+    primary, _ = endpoints
+    monkeypatch.setenv("RUNPOD_API_KEY", primary.api_key)
+    monkeypatch.setenv("RUNPOD_ENDPOINT_BASE_URL", primary.base_url)
+    return local_env
+
+
+def test_overloaded_documents_go_to_the_fallback_endpoint(endpoint_env, endpoints, capsys):
+    primary, fallback = endpoints
+    make_notes(endpoint_env)
+    # without a fallback: overloaded is retryable, so retried on the busy endpoint, then reported
+    assert summarize("notes/standup.md", "--out", "alone.jsonl", "--endpoint", "ep-busy", "--retries", "1") == 1
+    alone = by_doc(read_lines(endpoint_env / "alone.jsonl"))["notes/standup.md"]
+    assert alone["status"] == "failed" and alone["attempts"] == 2
+    assert alone["error"]["code"] == "overloaded" and alone["error"]["retryable"] is True
+    assert "served_by" not in alone
+
+    busy_before, fallback_before = len(primary.jobs), len(fallback.jobs)
+    assert summarize("notes", "--out", "r.jsonl", "--endpoint", "ep-busy", "--fallback-endpoint", "ep-fallback") == 1
+    lines = by_doc(read_lines(endpoint_env / "r.jsonl"))
+    for doc in ("notes/standup.md", "notes/회의록.txt", "notes/archive/long.md"):
+        check_line(lines[doc], "summary")
+        assert lines[doc]["served_by"] == "endpoint ep-fallback" and lines[doc]["attempts"] == 1
+        assert fallback.jobs[lines[doc]["job_id"]].status == "COMPLETED"
+    check_line(lines["notes/empty.txt"], "empty_document")  # never sent anywhere
+    busy = [j for j in list(primary.jobs.values())[busy_before:]]
+    assert len(busy) == 3 and all(json.loads(j.error)["code"] == "overloaded" for j in busy)
+    assert len(fallback.jobs) - fallback_before == 3
+    assert "overloaded on endpoint ep-busy; sending it to endpoint ep-fallback" in capsys.readouterr().err
+    assert not primary.violations and not fallback.violations
