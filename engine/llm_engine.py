@@ -214,6 +214,12 @@ class LLMEngine:
         seq.finish_reason = "abort"
         return self._output(seq)
 
+    def is_queued(self, request_id: str) -> bool:
+        """True while the request waits for its first step (never for one that
+        ran and was preempted): how long this lasts is the engine's queueing."""
+        seq = self.requests.get(request_id)
+        return seq is not None and seq.first_scheduled_time is None
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -227,6 +233,10 @@ class LLMEngine:
         if not sched:
             return []
         self.step_count += 1
+        now = time.monotonic()
+        for seq, _ in sched.scheduled:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
         results, failed = self._execute(sched.scheduled)
         outputs = [self._fail(seq, err) for seq, err in failed]
         for (seq, n), sample in zip([s for s in sched.scheduled if s[0] not in dict(failed)], results):

@@ -34,6 +34,7 @@ class Sequence:
     arrival: int = field(default_factory=lambda: next(_arrival))
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None  # when a step first ran any of it (None: still queued)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: Exception | None = None

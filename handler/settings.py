@@ -136,8 +136,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),
     _s("JOB_TIMEOUT_S", "float", 0.0, "Deadline of a job without its own timeout_s; 0: none.", minimum=0),
-    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job whose first token has not come this many seconds after it reached "
-       "the engine fails `overloaded` (retryable); 0: off.", minimum=0),
+    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job still waiting in the engine's queue (no step has run any of it) this "
+       "many seconds after it reached the engine fails `overloaded` (retryable), so a router can send it "
+       "elsewhere; a long prefill does not count; 0: off.", minimum=0),
     _s("DEFAULT_BATCH_SIZE", "int", 50, "Most tokens per streamed item (worker-vllm's name).", minimum=1),
     _s("MIN_BATCH_SIZE", "int", 1, "Tokens in the first streamed item; later ones grow by BATCH_SIZE_GROWTH_FACTOR.",
        minimum=1),

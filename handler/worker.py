@@ -254,20 +254,25 @@ class Worker:
         stream = RequestStream(engine, {"prompt_token_ids": prompt_ids}, params, request_id, spec.priority,
                                spec.cache_salt)
         text, ntok, out = "", 0, None
+        started = False  # the engine has run a step of it: no longer queued
         try:
             while True:
                 now = time.monotonic()
                 limits = []
                 if ctx.deadline is not None:
                     limits.append(ctx.deadline - now)
-                if queue_timeout and out is None:
+                if queue_timeout and out is None and not started:
                     limits.append(submitted + queue_timeout - now)
                 if not await stream.wait(max(0.0, min(limits)) if limits else None):
                     if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
                         raise JobError("timeout", f"the job's deadline of {spec.timeout_s:g}s passed",
                                        timeout_s=spec.timeout_s).with_partial_text(text)
-                    raise JobError("overloaded", f"no token within QUEUE_TIMEOUT_S={queue_timeout:g}s "
-                                   "of reaching the engine", retryable=True)
+                    queued = getattr(engine, "is_queued", None)
+                    if queued is not None and not queued(request_id):
+                        started = True  # a long prefill, not a queue: wait for its tokens
+                        continue
+                    raise JobError("overloaded", f"still queued in the engine QUEUE_TIMEOUT_S={queue_timeout:g}s "
+                                   "after reaching it", retryable=True)
                 # snapshot first: the stream moves on while we are suspended at the yield below
                 latest, error, done = stream.latest, stream.error, stream.done
                 if latest is not None and latest is not out:

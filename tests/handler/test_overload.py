@@ -63,6 +63,7 @@ def test_a_job_queued_past_the_queue_timeout_fails_overloaded(loop, make_worker)
     first, second, failed_after, first_done_early, waiting_seen = loop.run_until_complete(main())
     err = error_of(second)
     assert err["code"] == "overloaded" and err["retryable"] is True and "QUEUE_TIMEOUT_S=0.3" in err["message"]
+    assert "queued" in err["message"]
     assert max(waiting_seen) == 1  # it really sat in the engine's queue
     assert 0.3 <= failed_after < 1.5 and not first_done_early  # it gave up while the first still ran
     assert first["status"] == "COMPLETED" and first["output"][-1]["usage"]["completion_tokens"] == 60
@@ -74,6 +75,29 @@ def test_a_job_queued_past_the_queue_timeout_fails_overloaded(loop, make_worker)
     again = loop.run_until_complete(run_job(w.handle, {"id": "third", "input": {"prompt": "Action items",
                                                                                  "sampling_params": LONG}}))
     assert text_of(again) and again["output"][-1]["usage"]["completion_tokens"] == 60
+
+
+def test_a_slow_first_step_is_not_queueing(loop, make_worker):
+    """Past QUEUE_TIMEOUT_S without a token, but the engine has run a step of the job
+    (a long prefill on a busy GPU): it is not overloaded and completes."""
+    w = make_worker(QUEUE_TIMEOUT_S="0.2", MAX_NUM_SEQS="1")
+    assert loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {"prompt": "Hi", "sampling_params": {
+        "max_tokens": 2, "ignore_eos": True}}}))["status"] == "COMPLETED"
+    runner = w.engine.engine.runner
+    execute = runner.execute
+
+    def slow_forward(scheduled):  # the step has taken the job: its forward alone outlasts the timeout
+        time.sleep(0.5)
+        return execute(scheduled)
+
+    runner.execute = slow_forward
+    t0 = time.monotonic()
+    res = loop.run_until_complete(run_job(w.handle, {"id": "slow", "input": {"prompt": "The roadmap",
+                                                                              "sampling_params": {**LONG,
+                                                                                                  "max_tokens": 3}}}))
+    assert time.monotonic() - t0 >= 0.5
+    assert res["status"] == "COMPLETED" and res["output"][-1]["usage"]["completion_tokens"] == 3, res
+    assert_free(w)
 
 
 # -- the summarize client's fallback endpoint --------------------------------------------------
@@ -93,12 +117,29 @@ class TwoEndpoints(FakeRestAPI):
 def endpoints(tiny_llama_dir):
     from handler.worker import Worker
 
-    def worker(**extra):
-        return lambda **env: Worker(settings_for(tiny_llama_dir, **{**ENV, **extra, **env}))
+    from handler.engine_setup import build_engine
 
-    # every job on the primary gives up before its first token can come: a full queue
+    def busy_engine(settings, on_progress=None):
+        """An engine that schedules nothing until its newest request has waited 0.5 s: a GPU
+        taken by others, so every request is still queued when QUEUE_TIMEOUT_S=0.05 passes."""
+        engine = build_engine(settings, on_progress)
+        inner = engine.engine
+        step = inner.step
+
+        def busy():
+            newest = max((s.arrival_time for s in list(inner.requests.values())), default=0.0)
+            time.sleep(max(0.0, newest + 0.5 - time.monotonic()))
+            return step()
+
+        inner.step = busy
+        return engine
+
+    def worker(factory=None, **extra):
+        return lambda **env: Worker(settings_for(tiny_llama_dir, **{**ENV, **extra, **env}), engine_factory=factory)
+
+    # every job on the primary is still queued when QUEUE_TIMEOUT_S passes: a full queue
     with FakeRestAPI(worker(), endpoint="ep-fallback") as fallback:
-        primary = TwoEndpoints(worker(QUEUE_TIMEOUT_S="0.000001"), endpoint="ep-busy")
+        primary = TwoEndpoints(worker(busy_engine, QUEUE_TIMEOUT_S="0.05"), endpoint="ep-busy")
         primary.other = fallback
         with primary:
             yield primary, fallback

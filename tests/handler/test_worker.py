@@ -144,13 +144,6 @@ def test_timeout_keeps_the_partial_text(loop, shared_worker):
     assert_free(shared_worker)
 
 
-def test_queue_timeout_is_overloaded_and_retryable(loop, make_worker):
-    w = make_worker(QUEUE_TIMEOUT_S="0.000001")
-    err = error_of(run(loop, w, {"prompt": "Hi"}))
-    assert err["code"] == "overloaded" and err["retryable"] is True
-    assert_free(w)
-
-
 def test_out_of_memory_fails_only_its_job(loop, make_worker):
     sp = {**GREEDY, "max_tokens": 8, "ignore_eos": True}
     prompts = {"oom-a": "The quick brown fox", "oom-b": "Meeting notes: the team", "oom-c": "회의록: 오늘 회의에서"}
