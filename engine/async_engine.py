@@ -136,3 +136,4 @@ class AsyncLLMEngine:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
             self._loop_task = None
+        self.engine.close()  # tensor-parallel worker processes stop with the engine (SIGTERM drain ends here)
