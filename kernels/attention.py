@@ -11,7 +11,7 @@ flash-style causal prefill; the references below are the CPU path and oracle.
 import torch
 import triton.language as tl
 
-from kernels._dispatch import lazy_jit, next_pow2, use_triton
+from kernels._dispatch import autotune, lazy_jit, next_pow2, use_triton
 
 LOG2E = 1.4426950408889634
 
@@ -202,17 +202,24 @@ def _decode_block_n(device) -> int:
     return 64 if device.type == "cuda" else 16
 
 
-def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device) -> tuple:
+def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device,
+                     block_n: int | None = None, per_sm: int = 4) -> tuple:
     """(tokens per split, number of splits) for a launch: a function of shapes
     only, never of context_lens values, so the grid is fixed for a CUDA graph."""
-    block_n = _decode_block_n(device)
+    block_n = block_n or _decode_block_n(device)
     max_ctx = max_blocks * block_size
     min_part = 64 if device.type == "cuda" else 32
-    want = -(-4 * _num_sms(device) // (batch * num_kv_heads))  # about 4 programs per SM
+    want = -(-per_sm * _num_sms(device) // (batch * num_kv_heads))  # about per_sm programs per SM
     splits = max(1, min(want, -(-max_ctx // min_part)))
     part = -(-max_ctx // splits)
     part = -(-part // block_n) * block_n
     return part, -(-max_ctx // part)
+
+
+# (BLOCK_N, warps, stages, programs per SM): the first is the interpreter's and
+# the one used inside a graph capture before a shape was tuned
+_DECODE_CONFIGS = [(64, 4, 3, 4)] + [(n, w, st, ps) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3)
+                                     for ps in (2, 4, 8) if (n, w, st, ps) != (64, 4, 3, 4)]
 
 
 def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -225,29 +232,37 @@ def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
         q = q.contiguous()
     group = HQ // HKV
     out = torch.empty(B, HQ, D, dtype=q.dtype, device=q.device)
-    part, splits = decode_partition(B, HKV, block_tables.shape[1], block_size, q.device)
-    block_n = _decode_block_n(q.device)
     fp32 = q.dtype == torch.float32
-    if splits > 1:
-        po = torch.empty(B * HQ * splits, D, dtype=torch.float32, device=q.device)
-        pm = torch.empty(B * HQ * splits, dtype=torch.float32, device=q.device)
-        pl = torch.empty_like(pm)
-    else:
-        po = pm = pl = out
     block_d = next_pow2(D)
-    _decode[(B, HKV, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, po, pm, pl,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        float(scale) * LOG2E, group, D, part, splits,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, num_warps=4, num_stages=3,
-    )
-    if splits > 1:
-        _decode_reduce[(B, HQ)](
-            po, pm, pl, out, out.stride(0), out.stride(1), HQ, D, splits,
-            BLOCK_S=next_pow2(splits), BLOCK_D=block_d, num_warps=4,
+
+    def launch(cfg):
+        block_n, warps, stages, per_sm = cfg
+        if not q.is_cuda:
+            block_n = _decode_block_n(q.device)
+        part, splits = decode_partition(B, HKV, block_tables.shape[1], block_size, q.device, block_n, per_sm)
+        if splits > 1:
+            po = torch.empty(B * HQ * splits, D, dtype=torch.float32, device=q.device)
+            pm = torch.empty(B * HQ * splits, dtype=torch.float32, device=q.device)
+            pl = torch.empty_like(pm)
+        else:
+            po = pm = pl = out
+        _decode[(B, HKV, splits)](
+            q, k_cache, v_cache, block_tables, context_lens, out, po, pm, pl,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+            float(scale) * LOG2E, group, D, part, splits,
+            BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, next_pow2(group)),
+            BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, num_warps=warps, num_stages=stages,
         )
+        if splits > 1:
+            _decode_reduce[(B, HQ)](
+                po, pm, pl, out, out.stride(0), out.stride(1), HQ, D, splits,
+                BLOCK_S=next_pow2(splits), BLOCK_D=block_d, num_warps=4,
+            )
+
+    configs = _DECODE_CONFIGS if q.is_cuda else _DECODE_CONFIGS[:1]
+    key = (next_pow2(B), HQ, HKV, D, block_tables.shape[1], block_size, q.dtype, k_cache.dtype)
+    launch(autotune("paged_decode", key, configs, launch))
     return out
 
 
