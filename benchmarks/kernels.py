@@ -113,9 +113,9 @@ def k1(bw, peak, ms):
                 rows[-1]["case"] += " WRONG"
         del sets, dense, ref_w, prepared
         torch.cuda.empty_cache()
-    from kernels import awq_kpack
+    from kernels import awq_ckpt, awq_kpack
 
-    for name, failed in (("checkpoint layout", awq.FAILED), ("kpack", awq_kpack.FAILED)):
+    for name, failed in (("checkpoint layout", awq_ckpt.FAILED), ("kpack", awq_kpack.FAILED)):
         if failed:
             print(f"K1 {name} configs that did not build:", json.dumps({str(k): v for k, v in failed.items()}, indent=1))
     return rows

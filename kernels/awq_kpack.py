@@ -224,7 +224,7 @@ _dequant = _Kernel(_kpack_dequant_kernel)
 # launching and tuning
 
 def _sm_count(device) -> int:
-    from kernels.awq import _sm_count as count
+    from kernels.awq_ckpt import _sm_count as count
 
     return count(device)
 
@@ -239,7 +239,7 @@ def _plan(M, N, K, cfg, device):
 
 
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
-    from kernels.awq import _WS_FLOATS, _WS_TILES, _workspace
+    from kernels.awq_ckpt import _WS_FLOATS, _WS_TILES, _workspace
 
     M, K = x.shape
     N = qk.shape[1]

@@ -1,7 +1,6 @@
 """KV-cache write by slot mapping: token t goes to flat slot slot_mapping[t]
 (block * block_size + offset); a slot of -1 is skipped (padding).
-One Triton program per token copies its K and V heads into the paged cache."""
-import torch
+A Triton program copies the K and V heads of a few tokens (tuned per shape on CUDA)."""
 import triton.language as tl
 
 from kernels._dispatch import autotune, lazy_jit, next_pow2, use_triton

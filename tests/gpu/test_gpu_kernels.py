@@ -118,7 +118,7 @@ def _awq(K, N, G, dtype, gen):
 def test_awq_gemm_every_config(K, N, M, gen):
     """Each candidate the autotuner may pick (inline-PTX, plain-Triton,
     split-K in one launch, wgmma tiles, dense), and the public call, are right."""
-    from kernels import awq
+    from kernels import awq, awq_ckpt
 
     if N == 37888 and M not in (1, 16, 64):
         pytest.skip("the widest layer: decode sizes only")
@@ -126,40 +126,40 @@ def test_awq_gemm_every_config(K, N, M, gen):
     qw, qz, s = _awq(K, N, 128, dtype, gen)
     x = _rand((M, K), dtype, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
-    for cfg in awq._gemm_configs(M, dtype, x.device):
-        if awq._fits(M, N, K, 128, cfg, x.device):
-            check(awq._launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {cfg}")
+    for cfg in awq_ckpt._gemm_configs(M, dtype, x.device):
+        if awq_ckpt._fits(M, N, K, 128, cfg, x.device):
+            check(awq_ckpt._launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {cfg}")
     check(awq.awq_gemm(x, qw, qz, s, 128), ref, dtype, "awq_gemm")
 
 
 @pytest.mark.parametrize("dtype,M", [(torch.float32, 8), (torch.float32, 100), (torch.float16, 4), (torch.float16, 48)])
 def test_awq_gemm_float32_float16(dtype, M, gen):
-    from kernels import awq
+    from kernels import awq, awq_ckpt
 
     qw, qz, s = _awq(3584, 512, 128, dtype, gen)
     x = _rand((M, 3584), dtype, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
-    for cfg in awq._gemm_configs(M, dtype, x.device)[:2]:  # fp16: the plain-Triton and the inline-PTX one
-        check(awq._launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {dtype} {cfg}")
+    for cfg in awq_ckpt._gemm_configs(M, dtype, x.device)[:2]:  # fp16: the plain-Triton and the inline-PTX one
+        check(awq_ckpt._launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {dtype} {cfg}")
     if dtype == torch.float32:
         check(awq.awq_gemm(x, qw, qz, s, 128), ref, dtype, f"awq {dtype}")
 
 
 @pytest.mark.parametrize("G", [32, 64, 256])
 def test_awq_gemm_group_sizes(G, gen):
-    from kernels import awq
+    from kernels import awq, awq_ckpt
 
     qw, qz, s = _awq(2048, 1024, G, torch.bfloat16, gen)
     x = _rand((5, 2048), torch.bfloat16, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, G)
-    for cfg in awq._gemm_configs(5, torch.bfloat16, x.device)[:2]:
-        check(awq._launch(x, qw, qz, s, G, cfg), ref, torch.bfloat16, f"G={G} {cfg}")
+    for cfg in awq_ckpt._gemm_configs(5, torch.bfloat16, x.device)[:2]:
+        check(awq_ckpt._launch(x, qw, qz, s, G, cfg), ref, torch.bfloat16, f"G={G} {cfg}")
 
 
 def test_awq_split_k_deterministic_and_in_cuda_graph(gen):
     """The split-K partials are summed in a fixed order (same bits every call),
     and the arrival counters reset, so graph replays with new inputs stay right."""
-    from kernels import awq
+    from kernels import awq, awq_ckpt
 
     K, N, M = 18944, 3584, 4
     qw, qz, s = _awq(K, N, 128, torch.bfloat16, gen)
@@ -167,7 +167,7 @@ def test_awq_split_k_deterministic_and_in_cuda_graph(gen):
     a = awq.awq_gemm(x, qw, qz, s, 128)
     b = awq.awq_gemm(x, qw, qz, s, 128)
     assert torch.equal(a, b)
-    cfg = awq.chosen_config(M, N, K, 128, torch.bfloat16)
+    cfg = awq_ckpt.chosen_config(M, N, K, 128, torch.bfloat16)
     assert cfg is not None
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -8,12 +8,8 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels import awq
+from kernels import awq, awq_ckpt
 from kernels.awq import (
-    _dequant_triton,
-    _gemm_configs,
-    _launch,
-    _plan,
     awq_dequantize,
     awq_gemm,
     awq_gemm_reference,
@@ -22,6 +18,7 @@ from kernels.awq import (
     pack_awq_int4,
     unpack_awq_int4,
 )
+from kernels.awq_ckpt import _dequant_triton, _gemm_configs, _launch, _plan
 
 
 def _weights(rng, K, N, G, dtype):
@@ -60,12 +57,12 @@ def test_awq_gemm_matches_reference(dtype, M, K, N, G, rng, poisoned):
 def test_awq_split_k_is_deterministic_and_counters_reset(rng):
     qw, qz, s = _weights(rng, 512, 128, 32, torch.float32)
     x = torch.randn(3, 512, generator=rng)
-    cfg = awq._fused(16, 16, 0, split=5, bk=32)
+    cfg = awq_ckpt._fused(16, 16, 0, split=5, bk=32)
     assert _plan(3, 128, 512, 32, cfg, x.device)[3] > 1
     a = _launch(x, qw, qz, s, 32, cfg)
     b = _launch(x, qw, qz, s, 32, cfg)
     assert torch.equal(a, b)
-    assert not awq._WS[x.device][1].any()  # every tile's counter back to zero
+    assert not awq_ckpt._WS[x.device][1].any()  # every tile's counter back to zero
     assert_close(a, awq_gemm_reference(x, qw, qz, s, 32), torch.float32, rng.initial_seed(), "split-K")
 
 

@@ -43,7 +43,7 @@ def test_every_config_matches_reference(rng, dtype, M, K, N, G):
 def test_split_k_partials_reduce_in_fixed_order(rng):
     """Several K splits per tile, reduced by the last arriving program: equal
     to one program per tile, and the arrival counters are reset for the next call."""
-    from kernels.awq import _workspace
+    from kernels.awq_ckpt import _workspace
 
     K, N, G = 1024, 64, 128
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
