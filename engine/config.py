@@ -23,7 +23,6 @@ class EngineConfig:
     prefix_cache_ttl_s: float | None = None  # cached blocks unused this long are never reused
     gpu_memory_utilization: float = 0.9  # fraction of the GPU's memory the engine may fill (weights, activations, KV)
     enforce_eager: bool = False  # True: no CUDA graphs for decode
-    max_seq_len_to_capture: int | None = None  # unused (vLLM name kept for configs); graphs cover max_model_len
     num_kv_blocks: int | None = None
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
@@ -59,6 +58,8 @@ class EngineConfig:
         if not isinstance(tps, int) or isinstance(tps, bool) or tps < 1:
             raise InvalidInputError(f"tensor_parallel_size must be an integer >= 1, got {tps!r}",
                                     field="tensor_parallel_size")
+        if not isinstance(self.enforce_eager, bool):
+            raise InvalidInputError("enforce_eager must be true or false", field="enforce_eager")
         if self.load_format not in ("auto", "dummy"):
             raise InvalidInputError(f"load_format {self.load_format!r} is not auto or dummy", field="load_format")
         if self.quantization not in (None, "awq", "none"):

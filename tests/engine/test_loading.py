@@ -131,3 +131,14 @@ def test_dtype_auto_is_float32_on_cpu(tiny_qwen2_dir):
     llm = LLM(tiny_qwen2_dir, num_kv_blocks=8)
     assert llm.engine.dtype == torch.float32 and llm.engine.device == "cpu"
     assert llm.engine.spec.tie_word_embeddings and llm.engine.spec.attention_bias
+
+
+@pytest.mark.parametrize("field,value", [("block_size", 12), ("gpu_memory_utilization", 1.5), ("enforce_eager", "yes"),
+                                         ("max_num_seqs", 0), ("load_format", "pt"), ("dtype", "int8")])
+def test_engine_config_names_the_bad_field(field, value):
+    from engine import EngineConfig
+    from engine.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as err:
+        EngineConfig(model="m", **{field: value})
+    assert err.value.field == field
