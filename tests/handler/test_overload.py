@@ -120,18 +120,15 @@ def endpoints(tiny_llama_dir):
     from handler.engine_setup import build_engine
 
     def busy_engine(settings, on_progress=None):
-        """An engine that schedules nothing until its newest request has waited 0.5 s: a GPU
-        taken by others, so every request is still queued when QUEUE_TIMEOUT_S=0.05 passes."""
+        """An engine whose steps never get to run anything (a GPU taken by others): every
+        request is still queued when QUEUE_TIMEOUT_S passes."""
         engine = build_engine(settings, on_progress)
-        inner = engine.engine
-        step = inner.step
 
         def busy():
-            newest = max((s.arrival_time for s in list(inner.requests.values())), default=0.0)
-            time.sleep(max(0.0, newest + 0.5 - time.monotonic()))
-            return step()
+            time.sleep(0.01)
+            return []
 
-        inner.step = busy
+        engine.engine.step = busy
         return engine
 
     def worker(factory=None, **extra):
