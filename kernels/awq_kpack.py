@@ -26,15 +26,15 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from kernels._dispatch import LazyKernel, graph_time, interpret_mode, next_pow2
+from kernels._dispatch import LazyKernel, _interpreted_launcher, graph_time, interpret_mode, next_pow2
+from kernels.awq import unpack_awq_int4
+from kernels.awq_ckpt import _WS_FLOATS, _WS_TILES, _sm_count, _workspace
 
 ROWS = 128  # rows of K per packed block: 8 planes of 16
 
 
 def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int):
     """AutoAWQ GEMM-format qweight [K, N/8] and qzeros [K/G, N/8] -> (qk int32 [K/8, N], zeros uint8 [K/G, N])."""
-    from kernels.awq import unpack_awq_int4
-
     K = qweight.shape[0]
     if K % ROWS:
         raise ValueError(f"kpack needs K divisible by {ROWS}, got {K}")
@@ -207,8 +207,6 @@ class _Kernel(LazyKernel):
         if kernel is None:
             kernel = self._built[mode] = triton.jit(self.fn, **self.jit_kwargs)
         if mode:
-            from kernels._dispatch import _interpreted_launcher
-
             return _interpreted_launcher(kernel[grid])
         return kernel[grid]
 
@@ -223,12 +221,6 @@ _dequant = _Kernel(_kpack_dequant_kernel)
 # ----------------------------------------------------------------------------
 # launching and tuning
 
-def _sm_count(device) -> int:
-    from kernels.awq_ckpt import _sm_count as count
-
-    return count(device)
-
-
 def _plan(M, N, K, cfg, device):
     nblk = K // ROWS
     tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
@@ -239,8 +231,6 @@ def _plan(M, N, K, cfg, device):
 
 
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
-    from kernels.awq_ckpt import _WS_FLOATS, _WS_TILES, _workspace
-
     M, K = x.shape
     N = qk.shape[1]
     if cfg["kind"] == "dense":
