@@ -222,7 +222,8 @@ _DECODE_CONFIGS = [(64, 4, 3, 4)] + [(n, w, st, ps) for n in (32, 64, 128) for w
                                      for ps in (2, 4, 8) if (n, w, st, ps) != (64, 4, 3, 4)]
 
 
-def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
+def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config=None):
+    """config: one of _DECODE_CONFIGS to run (tests); None tunes per shape."""
     B, HQ, D = q.shape
     _, block_size, HKV, _ = k_cache.shape
     assert HQ % HKV == 0 and k_cache.shape == v_cache.shape
@@ -262,7 +263,7 @@ def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
 
     configs = _DECODE_CONFIGS if q.is_cuda else _DECODE_CONFIGS[:1]
     key = (next_pow2(B), HQ, HKV, D, block_tables.shape[1], block_size, q.dtype, k_cache.dtype)
-    launch(autotune("paged_decode", key, configs, launch))
+    launch(config or autotune("paged_decode", key, configs, launch))
     return out
 
 

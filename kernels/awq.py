@@ -84,9 +84,10 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 @dataclass
 class AWQPrepared:
     """One AWQ linear ready for awq_linear. On CUDA the weight is repacked once
-    into the K-packed layout of kernels.awq_kpack (`qk`, `zeros_u8`; the
-    checkpoint's qweight/qzeros are then dropped); otherwise the checkpoint
-    tensors (contiguous) for the kernels of this module. `dense`, when asked
+    into the K-packed layout of kernels.awq_kpack (`qk` int16 [K/4, N] and
+    `zeros_k` int16 [K/G, N]; the checkpoint's qweight/qzeros are then
+    dropped); otherwise the checkpoint tensors (contiguous) for the kernels of
+    this module. `dense`, when asked
     for, is the dequantized [K, N] weight used for large M instead of
     dequantizing on every call (costs K * N * 2 bytes)."""
 
@@ -98,7 +99,7 @@ class AWQPrepared:
     out_features: int
     dense: Optional[torch.Tensor] = None
     qk: Optional[torch.Tensor] = None
-    zeros_u8: Optional[torch.Tensor] = None
+    zeros_k: Optional[torch.Tensor] = None
 
 
 DENSE_MIN_M = 512  # with a dense copy, M above this runs x @ dense
@@ -120,7 +121,7 @@ def awq_prepare(qweight, qzeros, scales, group_size: int, keep_dense: bool = Fal
     if kpack is None:
         kpack = qweight.is_cuda and K % awq_kpack.ROWS == 0
     if kpack:
-        p.qk, p.zeros_u8 = awq_kpack.kpack_from_awq(p.qweight, p.qzeros, group_size)
+        p.qk, p.zeros_k = awq_kpack.kpack_from_awq(p.qweight, p.qzeros, group_size)
         p.qweight = p.qzeros = None
     if scales.is_cuda:
         _workspace(scales.device)
@@ -141,9 +142,9 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
         return (x2 @ p.dense.to(x2.dtype)).view(*lead, p.out_features)
     if p.qk is not None:
         if use_triton(x2, p.qk) and x2.shape[0]:
-            y = awq_kpack.kpack_gemm(x2, p.qk, p.zeros_u8, p.scales, p.group_size)
+            y = awq_kpack.kpack_gemm(x2, p.qk, p.zeros_k, p.scales, p.group_size)
         else:
-            w = awq_kpack.kpack_dequantize_reference(p.qk, p.zeros_u8, p.scales, p.group_size)
+            w = awq_kpack.kpack_dequantize_reference(p.qk, p.zeros_k, p.scales, p.group_size)
             y = (x2.float() @ w).to(x2.dtype)
     elif use_triton(x2, p.qweight, p.qzeros, p.scales) and x2.shape[0]:
         y = _awq_gemm_triton(x2, p.qweight, p.qzeros, p.scales, p.group_size)

@@ -1,25 +1,30 @@
 """AWQ W4A16 GEMM on a K-packed layout made once at load time ("kpack").
 
 AutoAWQ packs 8 columns into a word, so a weight tile's 8 nibble planes are
-8 column sets and need 8 accumulators (kernels.awq). Here a word packs 8 rows
-instead: for the block of 128 rows starting at k0, word (k0 / 8 + r, n) holds
-in nibble p the weight of row k0 + 16 p + r, column n. Nibble plane p of a
-[16, BLOCK_N] tile of words is then the [16, BLOCK_N] weight slice of rows
-k0 + 16 p .. k0 + 16 p + 15: eight `tl.dot`s of K = 16 per block, all into one
-accumulator, columns in their natural order.
+8 column sets and need 8 accumulators (kernels.awq_ckpt). Here 16-bit words
+pack 4 rows instead. A block of 128 rows starting at k0 is 32 rows of
+half-words: row 16 h + r (h = 0, 1; r = 0..15) holds in nibble j the weight
+of row k0 + 16 (4 h + j) + r, column n. Nibble j of the [16, BLOCK_N] tile of
+half h is then the weight slice of rows k0 + 16 p .. k0 + 16 p + 15 (p = 4 h
++ j): eight `tl.dot`s of K = 16 per block, all into one accumulator.
 
-A plane becomes 16-bit floats by one AND/OR per two planes (0x4300 is 128.0
-in bf16, 0x6400 is 1024.0 in fp16; a nibble OR-ed into the low mantissa bits
-gives OFF + q exactly): planes p and p + 4 come from one masked word. The dot
-runs on OFF + q; a group's epilogue subtracts (OFF + z) times the row sums of
-x and multiplies by the group's scales. The dequantization is elementwise
-from the loaded words, so the compiler moves the words (not the 16-bit
-planes) through shared memory, pipelined over num_stages.
+On CUDA one inline-PTX routine turns two neighbouring half-words (rows k and
+k + 1 of one column: the pair a thread holds for the tensor core's operand)
+into two 16-bit floats q - z: shift, one LOP3 that masks the nibbles and ORs
+in 0x4300 (128.0 in bf16; 0x6400 = 1024.0 in fp16) so each half is OFF + q
+exactly, and one packed FMA that adds -(OFF + z). The half-words come in by
+ldmatrix from shared memory, pipelined over num_stages; no byte shuffles.
+The per-group scale is applied to the float32 partial sum of the group.
+Float32 inputs (and the interpreter) take exact float planes instead.
 
-Zeros are kept unpacked (uint8 [K/G, N]); scales as in the checkpoint.
-Small M splits K over the grid's second axis and sums the partials in the
-same launch (workspace + arrival counter; the last program of a tile adds
-them in a fixed order). Large M dequantizes to bf16 and calls torch.matmul.
+The grid is "stream-K": the (tile, 128-row block) work units of the whole
+product are cut into P equal runs, one per program, P sized to fill the GPU
+once (programs resident per SM, from the compiled kernel's registers and
+shared memory, times the SMs). A tile finished by one program is stored; a
+tile split between programs has its float32 partials written to a workspace,
+and the last program to arrive (an atomic counter per tile) sums them in
+program order (deterministic) and stores. Large M dequantizes to bf16 and
+calls torch.matmul.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ ROWS = 128  # rows of K per packed block: 8 planes of 16
 
 
 def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int):
-    """AutoAWQ GEMM-format qweight [K, N/8] and qzeros [K/G, N/8] -> (qk int32 [K/8, N], zeros uint8 [K/G, N])."""
+    """AutoAWQ GEMM-format qweight [K, N/8] and qzeros [K/G, N/8] -> (qk int16 [K/4, N], zeros int16 [K/G, N]).
+    The zeros are 16-bit (not bytes) so the kernel's loads of them stay pipelined."""
     K = qweight.shape[0]
     if K % ROWS:
         raise ValueError(f"kpack needs K divisible by {ROWS}, got {K}")
@@ -42,131 +48,127 @@ def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int)
         raise ValueError(f"kpack needs a group size divisible by 16, got {group_size}")
     q = unpack_awq_int4(qweight)  # [K, N] int32 of 0..15
     N = q.shape[1]
-    q = q.view(K // ROWS, 8, 16, N)  # block, plane p, row r, n
-    qk = torch.zeros(K // ROWS, 16, N, dtype=torch.int32, device=q.device)
-    for p in range(8):
-        qk |= q[:, p] << (4 * p)
-    zeros = unpack_awq_int4(qzeros).to(torch.uint8)
-    return qk.view(K // 8, N).contiguous(), zeros.contiguous()
+    q = q.view(K // ROWS, 2, 4, 16, N)  # block, half h, nibble j, row r, n
+    words = torch.zeros(K // ROWS, 2, 16, N, dtype=torch.int32, device=q.device)
+    for j in range(4):
+        words |= q[:, :, j] << (4 * j)
+    words = torch.where(words >= 1 << 15, words - (1 << 16), words)  # as signed 16-bit
+    zeros = unpack_awq_int4(qzeros).to(torch.int16)
+    return words.to(torch.int16).view(K // 4, N).contiguous(), zeros.contiguous()
 
 
 def kpack_dequantize_reference(qk, zeros, scales, group_size: int, dtype=torch.float32) -> torch.Tensor:
     """The dense [K, N] weight of a kpack layout (tests' oracle)."""
-    K8, N = qk.shape
-    K = K8 * 8
-    shifts = torch.arange(0, 32, 4, device=qk.device, dtype=torch.int32)
-    q = (qk.view(K // ROWS, 16, 1, N) >> shifts.view(1, 1, 8, 1)) & 0xF  # block, r, p, n
-    q = q.permute(0, 2, 1, 3).reshape(K, N)
+    K4, N = qk.shape
+    K = K4 * 4
+    shifts = torch.arange(0, 16, 4, device=qk.device, dtype=torch.int32)
+    w = qk.to(torch.int32) & 0xFFFF
+    q = (w.view(K // ROWS, 2, 16, 1, N) >> shifts.view(1, 1, 1, 4, 1)) & 0xF  # block, h, r, j, n
+    q = q.permute(0, 1, 3, 2, 4).reshape(K, N)
     z = zeros.to(torch.int32).repeat_interleave(group_size, dim=0)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
     return (q - z).to(dtype) * s
 
 
-def _plane_pair(w, j: tl.constexpr, MAGIC: tl.constexpr, like):
-    """Nibbles j and j + 4 of the words w as two tiles of 16-bit floats OFF + q."""
-    t = ((w >> (4 * j)) & 0x000F000F) | MAGIC
-    lo = t.to(tl.int16).to(like.dtype, bitcast=True)
-    hi = (t >> 16).to(tl.int16).to(like.dtype, bitcast=True)
-    return lo, hi
+def dequant_asm(j: int, dtype) -> str:
+    """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice)."""
+    magic, one, fma = (("0x43004300", "0x3F803F80", "fma.rn.bf16x2") if dtype == torch.bfloat16
+                       else ("0x64006400", "0x3C003C00", "fma.rn.f16x2"))
+    shift = f"shr.b32 t, $1, {4 * j}; lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;" if j else \
+        f"lop3.b32 t, $1, 0x000F000F, {magic}, 0xEA;"
+    return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
 
 
-def _load_x8(xrow, k0, mask):
-    """The 8 [BLOCK_M, 16] slices of x for the 128-row block at k0."""
-    m = mask[:, None]
-    return (tl.load(xrow + k0, mask=m, other=0.0), tl.load(xrow + k0 + 16, mask=m, other=0.0),
-            tl.load(xrow + k0 + 32, mask=m, other=0.0), tl.load(xrow + k0 + 48, mask=m, other=0.0),
-            tl.load(xrow + k0 + 64, mask=m, other=0.0), tl.load(xrow + k0 + 80, mask=m, other=0.0),
-            tl.load(xrow + k0 + 96, mask=m, other=0.0), tl.load(xrow + k0 + 112, mask=m, other=0.0))
-
-
-def _load_sz(s_ptr, z_ptr, g, N, rn, mask, OFF: tl.constexpr):
-    """Group g's scales and OFF + zeros over the tile's columns, in float32."""
-    sc = tl.load(s_ptr + g * N + rn, mask=mask, other=0.0).to(tl.float32)
-    zf = tl.load(z_ptr + g * N + rn, mask=mask, other=0).to(tl.float32) + OFF
-    return sc, zf
-
-
-def _plane_exact(w, p: tl.constexpr):
-    """Nibble p of w as exact float32 q (the float32 correctness path)."""
-    return ((w >> (4 * p)) & 0xF).to(tl.float32)
+def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
+    """Nibble j of the [16, BN] half-words h as q - z in like's dtype (float32 when EXACT)."""
+    if EXACT:
+        b = ((h.to(tl.int32) >> (4 * j)) & 0xF).to(tl.float32) - zf[None, :]
+        if like.dtype != tl.float32:
+            b = b.to(like.dtype)
+    else:
+        b = tl.inline_asm_elementwise(ASM, "=r,r,r", [h, nz], dtype=like.dtype, is_pure=True, pack=2)
+    return b
 
 
 def _kpack_kernel(
     x_ptr, qk_ptr, z_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
-    M, N, stride_xm, stride_om, G, nblk, bps, split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr,
-    MAGIC: tl.constexpr, OFF: tl.constexpr, FP32: tl.constexpr, USE_WS: tl.constexpr,
+    M, N, stride_xm, stride_om, G, nblk, U, P, C,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
+    A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
 ):
-    """out[M, N] = x[M, K] @ W. Program (tile, pid_k) runs 128-row blocks
-    [pid_k * bps, (pid_k + 1) * bps) of its BLOCK_M x BLOCK_N tile. PPG: planes
-    (of 16 rows) per quantization group within a block (G / 16, at most 8)."""
+    """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
+    of the tile-major (tile, 128-row block) sequence. PPG: planes (of 16 rows)
+    per quantization group within a block (G / 16, at most 8). NBASE: the 16-bit
+    pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile."""
     pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
     m_tiles = tl.cdiv(M, BLOCK_M)
-    pid_n = pid // m_tiles  # consecutive programs share a weight tile
-    pid_m = pid % m_tiles
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    u = pid * U // P
+    u1 = (pid + 1) * U // P
     r16 = tl.arange(0, 16)
-    mmask = rm < M
-    nmask = rn < N
-    xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + r16[None, :]
-    wcol = qk_ptr + r16[:, None].to(tl.int64) * N + rn[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    b0 = pid_k * bps
-    b1 = tl.minimum(nblk, b0 + bps)
-    # x, scales and zeros of the next block load while this one computes (the
-    # words are pipelined by the compiler through shared memory)
-    n0, n1, n2, n3, n4, n5, n6, n7 = _load_x8(xrow, b0 * 128, mmask)
-    if PPG == 8:
-        sn, zn = _load_sz(s_ptr, z_ptr, (b0 * 128) // G, N, rn, nmask, OFF)
-    for blk in range(b0, b1):
-        k0 = blk * 128
-        last = blk + 1 >= b1  # nothing to prefetch: masked off
-        xt = (n0, n1, n2, n3, n4, n5, n6, n7)
-        n0, n1, n2, n3, n4, n5, n6, n7 = _load_x8(xrow, k0 + 128, rm < tl.where(last, 0, M))
-        if PPG == 8:
-            sc, zf = sn, zn
-            sn, zn = _load_sz(s_ptr, z_ptr, (k0 + 128) // G, N, rn, rn < tl.where(last, 0, N), OFF)
-        w = tl.load(wcol + blk * 16 * N, mask=nmask[None, :], other=0)
-        gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        xs = tl.zeros([BLOCK_M], tl.float32)
-        for p in tl.static_range(8):
-            x = xt[p]
-            if FP32:
-                b = _plane_exact(w, p)
-                gacc += tl.dot(x, b, input_precision="ieee")
-            else:
-                if p < 4:
-                    b = _plane_pair(w, p, MAGIC, x)[0]
+    while u < u1:
+        t = u // nblk
+        kb0 = u - t * nblk
+        kb1 = tl.minimum(nblk, kb0 + (u1 - u))
+        pid_n = t // m_tiles  # the m-tiles of one column tile are neighbours: the words stay in L2
+        pid_m = t - pid_n * m_tiles
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = rm < M
+        nmask = rn < N
+        xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + r16[None, :]
+        hcol = qk_ptr + r16[:, None].to(tl.int64) * N + rn[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for blk in range(kb0, kb1):
+            k0 = blk * 128
+            ha = tl.load(hcol + blk * 32 * N, mask=nmask[None, :], other=0)
+            hb = tl.load(hcol + (blk * 32 + 16) * N, mask=nmask[None, :], other=0)
+            gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for p in tl.static_range(8):
+                if p % PPG == 0:  # a group starts: its zeros and scales, once
+                    g = (k0 + 16 * p) // G
+                    zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
+                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
+                    zf = zi.to(tl.float32)
+                    sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+                x = tl.load(xrow + k0 + 16 * p, mask=mmask[:, None], other=0.0)
+                h = ha if p < 4 else hb
+                if p % 4 == 0:
+                    b = _plane(h, 0, nz, zf, x, A0, EXACT)
+                elif p % 4 == 1:
+                    b = _plane(h, 1, nz, zf, x, A1, EXACT)
+                elif p % 4 == 2:
+                    b = _plane(h, 2, nz, zf, x, A2, EXACT)
                 else:
-                    b = _plane_pair(w, p - 4, MAGIC, x)[1]
-                gacc += tl.dot(x, b)
-            xs += tl.sum(x.to(tl.float32), axis=1)
-            if (p + 1) % PPG == 0:  # a group ends: its zeros and scales, once
-                if PPG != 8:
-                    sc, zf = _load_sz(s_ptr, z_ptr, (k0 + 16 * (p + 1 - PPG)) // G, N, rn, nmask, OFF)
-                acc += sc[None, :] * gacc - (zf * sc)[None, :] * xs[:, None]
-                gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                xs = tl.zeros([BLOCK_M], tl.float32)
-    omask = mmask[:, None] & nmask[None, :]
-    optr = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-    if USE_WS:
-        # split-K in one launch: partial to the workspace, count in, the last sums
-        ntiles = tl.num_programs(0)
-        loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        P = BLOCK_M * BLOCK_N
-        tl.store(ws_ptr + (pid_k * ntiles + pid).to(tl.int64) * P + loc, acc)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == split - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(0, split):  # a fixed order: deterministic
-                total += tl.load(ws_ptr + (s * ntiles + pid).to(tl.int64) * P + loc, cache_modifier=".cg")
-            tl.store(optr, total.to(out_ptr.dtype.element_ty), mask=omask)
-            tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
-    else:
-        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+                    b = _plane(h, 3, nz, zf, x, A3, EXACT)
+                if EXACT and x.dtype == tl.float32:
+                    gacc = tl.dot(x, b, gacc, input_precision="ieee")
+                else:
+                    gacc = tl.dot(x, b, gacc)
+                if (p + 1) % PPG == 0:
+                    acc += gacc * sc[None, :]
+                    gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        omask = mmask[:, None] & nmask[None, :]
+        optr = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
+        if (kb0 == 0) & (kb1 == nblk):
+            tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            # a tile shared by programs pf..pl: partial to slot (t, pid - pf), count in, the last sums
+            pf = ((t * nblk + 1) * P - 1) // U
+            pl = ((t + 1) * nblk * P - 1) // U
+            loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            PT = BLOCK_M * BLOCK_N
+            rows = mmask[:, None] & (loc >= 0)  # rows past M are neither written nor read
+            tl.store(ws_ptr + (t * C + pid - pf).to(tl.int64) * PT + loc, acc, mask=rows)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+            if arrived == pl - pf:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for j in range(0, pl - pf + 1):  # program order: deterministic
+                    total += tl.load(ws_ptr + (t * C + j).to(tl.int64) * PT + loc, mask=rows, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(optr, total.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_ptr + t, 0)  # ready for the next launch
+        u += kb1 - kb0
 
 
 def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.constexpr):
@@ -175,59 +177,88 @@ def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.const
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     r16 = tl.arange(0, 16)
     nmask = rn < N
-    w = tl.load(qk_ptr + (blk * 16 + r16)[:, None].to(tl.int64) * N + rn[None, :], mask=nmask[None, :], other=0)
-    for p in tl.static_range(8):
-        rows = blk * 128 + 16 * p + r16
-        g = (blk * 128 + 16 * p) // G
-        sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.float32)
-        v = (((w >> (4 * p)) & 0xF).to(tl.float32) - z[None, :]) * sc[None, :]
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * N + rn[None, :], v.to(out_ptr.dtype.element_ty),
-                 mask=nmask[None, :])
+    for hh in tl.static_range(2):
+        h = tl.load(qk_ptr + (blk * 32 + 16 * hh + r16)[:, None].to(tl.int64) * N + rn[None, :],
+                    mask=nmask[None, :], other=0).to(tl.int32)
+        for j in tl.static_range(4):
+            rows = blk * 128 + 16 * (4 * hh + j) + r16
+            g = (blk * 128 + 16 * (4 * hh + j)) // G
+            sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.float32)
+            v = (((h >> (4 * j)) & 0xF).to(tl.float32) - z[None, :]) * sc[None, :]
+            tl.store(out_ptr + rows[:, None].to(tl.int64) * N + rn[None, :], v.to(out_ptr.dtype.element_ty),
+                     mask=nmask[None, :])
 
 
 class _Kernel(LazyKernel):
-    """LazyKernel whose @jit helpers are built in the launch's mode too (the
-    kernel finds them in this module's globals when it is traced)."""
-
-    def __init__(self, fn, helpers=(), **jit_kwargs):
-        super().__init__(fn)
-        self.helpers, self.jit_kwargs = helpers, jit_kwargs
+    """LazyKernel whose @jit helper is built in the launch's mode too (the
+    kernel finds it in this module's globals when it is traced)."""
 
     def __getitem__(self, grid):
         import triton
 
         mode = interpret_mode()
-        built = _HELPERS_BUILT.setdefault(mode, {})
-        for name in self.helpers:
-            if name not in built:
-                built[name] = triton.jit(_HELPER_FNS[name])
-            globals()[name] = built[name]
+        helper = _PLANE_BUILT.get(mode)
+        if helper is None:
+            helper = _PLANE_BUILT[mode] = triton.jit(_PLANE_FN)
+        globals()["_plane"] = helper
         kernel = self._built.get(mode)
         if kernel is None:
-            kernel = self._built[mode] = triton.jit(self.fn, **self.jit_kwargs)
+            kernel = self._built[mode] = triton.jit(self.fn, do_not_specialize=["U", "P", "C"])  # M == 1 pays
         if mode:
             return _interpreted_launcher(kernel[grid])
         return kernel[grid]
 
 
-_HELPERS_BUILT: dict = {}
-_HELPER_FNS = {"_plane_pair": _plane_pair, "_plane_exact": _plane_exact, "_load_x8": _load_x8, "_load_sz": _load_sz}
-_gemm = _Kernel(_kpack_kernel, helpers=tuple(_HELPER_FNS),
-                do_not_specialize=["M", "nblk", "bps", "split"])
-_dequant = _Kernel(_kpack_dequant_kernel)
+_PLANE_FN = _plane
+_PLANE_BUILT: dict = {}
+_gemm = _Kernel(_kpack_kernel)
+_dequant = LazyKernel(_kpack_dequant_kernel)
 
 
 # ----------------------------------------------------------------------------
 # launching and tuning
 
-def _plan(M, N, K, cfg, device):
-    nblk = K // ROWS
-    tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
-    split = cfg.get("split") or round(cfg.get("waves", 0) * _sm_count(device) / tiles)
-    split = max(1, min(split, nblk))
-    bps = -(-nblk // split)
-    return tiles, nblk, bps, -(-nblk // bps)
+_PLANS: dict = {}
+_RESIDENT: dict = {}  # (config, dtype, device) -> programs resident per SM, from the compiled kernel
+
+
+def _split_plan(tiles: int, nblk: int, P: int) -> int:
+    """C: the most programs that share one tile when U = tiles * nblk units are cut into P runs."""
+    key = (tiles, nblk, P)
+    c = _PLANS.get(key)
+    if c is None:
+        U = tiles * nblk
+        t = torch.arange(tiles, dtype=torch.int64)
+        first = ((t * nblk + 1) * P - 1) // U
+        last = ((t + 1) * nblk * P - 1) // U
+        c = _PLANS[key] = int((last - first + 1).max())
+    return c
+
+
+def _resident(kernel, warps: int, device) -> int:
+    """Programs of this compiled kernel that fit on one SM (registers, shared memory, warps)."""
+    props = torch.cuda.get_device_properties(device)
+    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    per_warp = -(-kernel.n_regs * 32 // 256) * 256
+    by_regs = (regs_sm // max(per_warp, 1)) // warps
+    by_smem = smem_sm // (kernel.metadata.shared + 1024)
+    return max(1, min(by_regs, by_smem, 32, 64 // warps))
+
+
+def _cfg_key(cfg: dict) -> tuple:
+    return tuple(sorted(cfg.items()))
+
+
+def _programs(cfg, tiles, nblk, x) -> int:
+    grid = cfg.get("grid", "auto")
+    if grid == "tiles":
+        return tiles
+    if isinstance(grid, int):
+        return max(1, min(grid, tiles * nblk))
+    per_sm = _RESIDENT.get((_cfg_key(cfg), x.dtype, x.device), 2)  # before the first compile: 2 per SM
+    return max(1, min(per_sm * _sm_count(x.device), tiles * nblk))
 
 
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
@@ -235,39 +266,47 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     N = qk.shape[1]
     if cfg["kind"] == "dense":
         return x @ dequantize(qk, zeros, scales, group_size, x.dtype)
-    tiles, nblk, bps, split = _plan(M, N, K, cfg, x.device)
-    ws = _workspace(x.device) if split > 1 else None
-    if split > 1 and (ws is None or tiles > _WS_TILES or split * tiles * cfg["BM"] * cfg["BN"] > _WS_FLOATS):
-        split, bps = 1, nblk  # no room for partials: one program per tile
-    ws_t, cnt_t = ws if split > 1 else (x, x)
+    BM, BN = cfg["BM"], cfg["BN"]
+    nblk = K // ROWS
+    tiles = -(-M // BM) * -(-N // BN)
+    P = _programs(cfg, tiles, nblk, x)
+    C = _split_plan(tiles, nblk, P) if P != tiles else 1
+    ws = _workspace(x.device)
+    if P != tiles and (ws is None or tiles > _WS_TILES or tiles * C * BM * BN > _WS_FLOATS):
+        P, C = tiles, 1  # no room for partials: one program per tile
+    if ws is None:  # first met inside a graph capture: typed stand-ins, never touched with P == tiles
+        ws = (torch.empty(1, dtype=torch.float32, device=x.device), torch.zeros(1, dtype=torch.int32, device=x.device))
+    ws_t, cnt_t = ws
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
-    _gemm[(tiles, split)](
-        x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), group_size, nblk, bps, split,
-        BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], PPG=min(8, group_size // 16),
-        MAGIC=0x43004300 if x.dtype == torch.bfloat16 else 0x64006400,
-        OFF=0.0 if x.dtype == torch.float32 else (128.0 if x.dtype == torch.bfloat16 else 1024.0),
-        FP32=x.dtype == torch.float32, USE_WS=split > 1,
-        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 2),
+    exact = x.dtype == torch.float32 or not x.is_cuda
+    asm = ["" if exact else dequant_asm(j, x.dtype) for j in range(4)]
+    kernel = _gemm[(P,)](
+        x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), group_size, nblk,
+        tiles * nblk, P, C,
+        BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
+        NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
+        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact,
+        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
+    if x.is_cuda and cfg.get("grid", "auto") == "auto":
+        key = (_cfg_key(cfg), x.dtype, x.device)
+        if key not in _RESIDENT and hasattr(kernel, "n_regs"):
+            _RESIDENT[key] = _resident(kernel, cfg.get("warps", 4), x.device)
     return out
 
 
 def dequantize(qk, zeros, scales, group_size: int, dtype) -> torch.Tensor:
-    K, N = qk.shape[0] * 8, qk.shape[1]
+    K, N = qk.shape[0] * 4, qk.shape[1]
     w = torch.empty(K, N, dtype=dtype, device=qk.device)
     bn = 128
     _dequant[(K // ROWS, -(-N // bn))](qk, zeros, scales, w, N, group_size, BLOCK_N=bn, num_warps=4)
     return w
 
 
-def _cfg(bm, bn, warps=4, stages=2, waves=None, split=None, maxnreg=None):
-    c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages}
+def _cfg(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None):
+    c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
     if maxnreg:
         c["maxnreg"] = maxnreg
-    if split is not None:
-        c["split"] = split
-    else:
-        c["waves"] = waves or 0
     return c
 
 
@@ -278,21 +317,20 @@ def configs(M: int, dtype, device) -> list:
     """Candidates timed per shape; the first is the interpreter's and the one used
     if a shape is first met inside a graph capture."""
     if device.type != "cuda":
-        return [_cfg(16, 32, waves=2), _cfg(16, 32, split=1), _cfg(32, 64, waves=1)]
+        return [_cfg(16, 32, grid=3), _cfg(16, 32, grid="tiles"), _cfg(32, 64, grid=5)]
     if dtype == torch.float32:
-        return [_cfg(16, 64, waves=2)] if M <= 64 else [DENSE]
+        return [_cfg(16, 64)] if M <= 64 else [DENSE]
     if M <= 16:
-        # measured on the H200 (triton 3.6): BN 128, 3 stages, 2-4 waves per SM led; 232 registers
-        # leave 2 programs per SM, so the 8-warp and register-capped ones try for more in flight
-        return ([_cfg(16, bn, warps=4, stages=s, waves=v) for bn in (64, 128) for s in (2, 3, 4) for v in (2, 4)]
-                + [_cfg(16, bn, warps=8, stages=3, waves=v) for bn in (128, 256) for v in (2, 4)]
-                + [_cfg(16, bn, warps=4, stages=3, waves=4, maxnreg=r) for bn, r in ((64, 128), (128, 168))])
+        # measured on the H200 (triton 3.6): BN 64 at 95 registers (5 programs per SM) or
+        # 128 at 120 (4 per SM) led on the large layers, a grid of one full wave each time
+        return [_cfg(16, 64), _cfg(16, 64, maxnreg=80), _cfg(16, 64, warps=2), _cfg(16, 128),
+                _cfg(16, 128, stages=4), _cfg(16, 64, grid=4 * _sm_count(device))]
     if M <= 64:
-        return ([_cfg(bm, bn, warps=w, stages=3, waves=v) for bm in (16, 32, 64) for bn in (64, 128)
-                 for w in (4,) for v in (1, 2)] + [_cfg(64, 128, warps=8, stages=3, waves=2), DENSE])
+        return ([_cfg(bm, bn) for bm in (16, 32, 64) for bn in (64, 128)]
+                + [_cfg(32, 128, maxnreg=128), DENSE])
     if M <= 256:
-        return [DENSE] + [_cfg(bm, bn, warps=8, stages=s, split=1) for bm in (64, 128) for bn in (128, 256)
-                          for s in (3, 4)] + [_cfg(128, 128, warps=8, stages=3, waves=1)]
+        return [DENSE] + [_cfg(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128) for bn in (128, 256)
+                          for s in (3, 4)] + [_cfg(128, 128, warps=8)]
     return [DENSE]
 
 
@@ -301,12 +339,20 @@ TIMINGS: dict = {}
 FAILED: dict = {}
 
 
+def _l2_flush(device):
+    """A buffer twice the L2 size: zeroing it between timed calls evicts the weights, as the
+    engine's walk over all layers does (a layer that fits in L2 would otherwise time hot)."""
+    n = 2 * getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    return torch.empty(n, dtype=torch.uint8, device=device)
+
+
 def _tune(key, x, qk, zeros, scales, G, cands):
     if interpret_mode() or not x.is_cuda or len(cands) == 1:
         return cands[0], True
     if torch.cuda.is_current_stream_capturing():
         return cands[0], False
     ref, timed = None, []
+    flush = _l2_flush(x.device)
     for cfg in cands:
         fkey = (tuple(sorted(cfg.items())), x.dtype, G)
         if fkey in FAILED:
@@ -320,12 +366,12 @@ def _tune(key, x, qk, zeros, scales, G, cands):
                 if not err < 2e-2:
                     FAILED[fkey] = f"disagrees with the first config: rel err {err:.3g}"
                     continue
-            t = graph_time(lambda c=cfg: launch(x, qk, zeros, scales, G, c))
+            t = graph_time(lambda c=cfg, f=flush: (f.zero_(), launch(x, qk, zeros, scales, G, c)))
         except Exception as exc:  # noqa: BLE001 - a config this compiler or chip rejects
             FAILED[fkey] = f"{type(exc).__name__}: {exc}"[:500]
             continue
         timed.append((cfg, t))
-    TIMINGS[key] = timed
+    TIMINGS[key] = timed  # seconds per call, each after an L2 flush (the flush's own time included)
     if not timed:
         return cands[0], True
     return min(timed, key=lambda ct: ct[1])[0], True

@@ -51,8 +51,12 @@ def test_graphs_match_eager(ckpt, dtype):
             ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
             if ta == tb:
                 continue
-            # padded graph batches may use other GEMM algorithms: a token may flip
-            # only at a near-tie (of the greedy logprobs), never elsewhere
+            # padded graph batches may use other GEMM algorithms, and the decode
+            # autotuner keys on the block table's width (graphs are captured at the
+            # full width, eager runs at the batch's own), so the two modes may run
+            # decode configs of another BLOCK_N, which rounds P to bf16 in other
+            # chunks: a token may flip only at a near-tie (measured: gaps of 0.125
+            # in bf16 on the H200), never elsewhere
             i = next(k for k, (x, y) in enumerate(zip(ta, tb)) if x != y)
             lp = a.outputs[0].logprobs
             assert dtype == "bfloat16", (dtype, i, ta, tb)
@@ -60,12 +64,15 @@ def test_graphs_match_eager(ckpt, dtype):
             if lp is None:  # sampled: a changed draw near a boundary
                 continue
             top = sorted(lp[i].values(), reverse=True)
-            assert top[0] - top[1] < 0.1, (i, lp[i])
+            assert top[0] - top[1] < (0.1 if dtype == "float32" else 0.25), (i, lp[i])
     for a_batch, b_batch in zip(outs[True][:4], outs[False][:4]):
         for a, b in zip(a_batch, b_batch):
-            for da, db, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids):
+            steps = zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids, b.outputs[0].token_ids)
+            for da, db, t, tb in steps:
                 if t in db:
-                    assert abs(da[t] - db[t]) < (1e-3 if dtype == "float32" else 0.1)
+                    assert abs(da[t] - db[t]) < (1e-3 if dtype == "float32" else 0.25)  # measured 0.114
+                if t != tb:  # after a flip the two runs see other contexts
+                    break
     print(f"{dtype}: {diverged} of {sum(len(b) for b in outs[True])} sequences diverged at a near-tie")
     assert diverged <= 3
 

@@ -21,7 +21,7 @@ def _weights(rng, K, N, G, dtype):
 def test_repack_is_exact(rng, K, N, G):
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
-    assert qk.shape == (K // 8, N) and z8.shape == (K // G, N) and z8.dtype == torch.uint8
+    assert qk.shape == (K // 4, N) and qk.dtype == torch.int16 and z8.shape == (K // G, N) and z8.dtype == torch.int16
     ref = awq_dequantize(qw, qz, s, G, torch.float32)
     assert torch.equal(awq_kpack.kpack_dequantize_reference(qk, z8, s, G), ref)
     assert torch.equal(awq_kpack.dequantize(qk, z8, s, G, torch.float32), ref)
@@ -40,20 +40,33 @@ def test_every_config_matches_reference(rng, dtype, M, K, N, G):
         assert_close(out.float(), ref, dtype, rng.initial_seed(), f"kpack {cfg}")
 
 
-def test_split_k_partials_reduce_in_fixed_order(rng):
-    """Several K splits per tile, reduced by the last arriving program: equal
-    to one program per tile, and the arrival counters are reset for the next call."""
+@pytest.mark.parametrize("programs", [3, 4, 5, 7, 16])
+def test_stream_k_partials_reduce_in_fixed_order(rng, programs):
+    """The work units cut into runs that start and end inside tiles (and tiles
+    shared by up to 3 programs), partials reduced by the last arriving program:
+    equal to one program per tile, and the arrival counters are reset for the
+    next call."""
     from kernels.awq_ckpt import _workspace
 
-    K, N, G = 1024, 64, 128
+    K, N, G = 1024, 64, 128  # 2 tiles of 32 columns x 8 blocks
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
     x = torch.randn(3, K, generator=rng)
-    one = awq_kpack.launch(x, qk, z8, s, G, {"kind": "fused", "BM": 16, "BN": 32, "split": 1})
+    one = awq_kpack.launch(x, qk, z8, s, G, {"kind": "fused", "BM": 16, "BN": 32, "grid": "tiles"})
+    assert_close(one.float(), awq_gemm_reference(x, qw, qz, s.float(), G), torch.float32, rng.initial_seed(), "tiles")
     for _ in range(2):
-        many = awq_kpack.launch(x, qk, z8, s, G, {"kind": "fused", "BM": 16, "BN": 32, "split": 4})
+        many = awq_kpack.launch(x, qk, z8, s, G, {"kind": "fused", "BM": 16, "BN": 32, "grid": programs})
         assert torch.allclose(many, one, rtol=1e-5, atol=1e-5)
     assert int(_workspace(x.device)[1].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("tiles,nblk,programs", [(2, 8, 3), (2, 8, 16), (296, 28, 660), (56, 148, 528), (7, 3, 20)])
+def test_stream_k_plan_counts_the_programs_sharing_a_tile(tiles, nblk, programs):
+    """C sizes the workspace slots per tile: the most programs whose runs meet one tile."""
+    U = tiles * nblk
+    runs = [(p * U // programs, (p + 1) * U // programs) for p in range(programs)]
+    most = max(sum(1 for a, b in runs if a < (t + 1) * nblk and b > t * nblk and b > a) for t in range(tiles))
+    assert awq_kpack._split_plan(tiles, nblk, programs) == most
 
 
 def test_prepared_linear_uses_kpack(rng):
