@@ -28,6 +28,8 @@ calls torch.matmul.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton.language as tl
 
@@ -70,6 +72,7 @@ def kpack_dequantize_reference(qk, zeros, scales, group_size: int, dtype=torch.f
     return (q - z).to(dtype) * s
 
 
+@lru_cache(maxsize=None)
 def dequant_asm(j: int, dtype) -> str:
     """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice)."""
     magic, one, fma = (("0x43004300", "0x3F803F80", "fma.rn.bf16x2") if dtype == torch.bfloat16
@@ -279,7 +282,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     ws_t, cnt_t = ws
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     exact = x.dtype == torch.float32 or not x.is_cuda
-    asm = ["" if exact else dequant_asm(j, x.dtype) for j in range(4)]
+    asm = [""] * 4 if exact else [dequant_asm(j, x.dtype) for j in range(4)]
     kernel = _gemm[(P,)](
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), group_size, nblk,
         tiles * nblk, P, C,
