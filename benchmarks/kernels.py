@@ -24,6 +24,7 @@ HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
 GEN = torch.Generator(device="cuda").manual_seed(1234)
 
 
+PARTIAL = None  # main(): --out + ".partial", K1's rows written after each shape
 L2_SPAN = 240e6  # bytes: rotate input sets until they span 4x the 60 MB L2
 
 
@@ -113,6 +114,9 @@ def k1(bw, peak, ms):
                 rows[-1]["case"] += " WRONG"
         del sets, dense, ref_w, prepared
         torch.cuda.empty_cache()
+        if PARTIAL:  # the shapes done so far, in case the run is cut short
+            with open(PARTIAL, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
     from kernels import awq_ckpt, awq_kpack
 
     for name, failed in (("checkpoint layout", awq_ckpt.FAILED), ("kpack", awq_kpack.FAILED)):
@@ -229,6 +233,8 @@ def main():
     ap.add_argument("--only", default="K1,K2,K3,K4")
     ap.add_argument("--ms", default="1,8,16,32,64,128,256,1024,4096")
     args = ap.parse_args()
+    global PARTIAL
+    PARTIAL = args.out + ".partial"
     bw, peak = ceilings()
     rows = []
     only = args.only.split(",")

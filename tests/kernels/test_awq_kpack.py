@@ -28,7 +28,8 @@ def test_repack_is_exact(rng, K, N, G):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("M,K,N,G", [(1, 128, 64, 128), (5, 256, 72, 32), (17, 384, 64, 64), (40, 256, 128, 16)])
+@pytest.mark.parametrize("M,K,N,G", [(1, 128, 64, 128), (5, 256, 72, 32), (17, 384, 64, 64), (40, 256, 128, 16),
+                                     (3, 768, 96, 256)])
 def test_every_config_matches_reference(rng, dtype, M, K, N, G):
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
     x = torch.randn(M, K, generator=rng).to(dtype)
@@ -84,3 +85,22 @@ def test_bad_shapes_are_named():
     qw = torch.zeros(96, 8, dtype=torch.int32)
     with pytest.raises(ValueError, match="divisible by 128"):
         awq_kpack.kpack_from_awq(qw, torch.zeros(3, 8, dtype=torch.int32), 32)
+
+
+def test_programs_per_sm_counts_registers_per_scheduler_quarter():
+    """The stream-K grid is sized to the programs resident per SM: registers are
+    allocated per warp in units of 256 within one quarter of the register file."""
+    assert awq_kpack.programs_per_sm(95, 20000, 4) == 5  # 3072 per warp: 5 warps a quarter
+    assert awq_kpack.programs_per_sm(200, 30000, 2) == 4  # 6400 per warp: 2 a quarter, not 10 / 2 = 5
+    assert awq_kpack.programs_per_sm(64, 20000, 4) == 8
+    assert awq_kpack.programs_per_sm(64, 100 * 1024, 4) == 2  # shared memory bound
+    assert awq_kpack.programs_per_sm(16, 0, 1) == 32  # the per-SM block limit
+
+
+def test_residency_is_kept_per_compiled_kernel():
+    """M == 1 and M % 16 == 0 compile other kernels (Triton specialises them), and the
+    row-tile and block counts are compile-time: each gets its own residency."""
+    cfg = awq_kpack._cfg(16, 64)
+    key = lambda m, n=64, nblk=28: awq_kpack._resident_key(cfg, torch.empty(m, 8), n, nblk)  # noqa: E731
+    assert len({key(1), key(16), key(2), key(17), key(2, nblk=148), key(2, n=72)}) == 6
+    assert key(2) == key(8)
