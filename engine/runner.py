@@ -136,7 +136,11 @@ class ModelRunner:
         return t.to(self.device, non_blocking=True)
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        tokens, n_seqs, cols, rows, max_q = self.fill_host(scheduled)
+        # an eager decode step on CUDA passes the table at its full width, as the
+        # graphs do: the attention kernel's splits and tuned config follow the
+        # width, so eager and graph steps then compute the same way
+        full = self.device.type == "cuda" and all(n == 1 for _, n in scheduled)
+        tokens, n_seqs, cols, rows, max_q = self.fill_host(scheduled, table_cols=self.max_blocks_per_seq if full else 0)
         h = self.host
         ctx = ForwardContext(
             slot_mapping=self._to_device(h.slots_t[:tokens]),

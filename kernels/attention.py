@@ -205,11 +205,13 @@ def _decode_block_n(device) -> int:
 def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device,
                      block_n: int | None = None, per_sm: int = 4) -> tuple:
     """(tokens per split, number of splits) for a launch: a function of shapes
-    only, never of context_lens values, so the grid is fixed for a CUDA graph."""
+    only, never of context_lens values, so the grid is fixed for a CUDA graph.
+    The batch counts as its next power of two, as the tuner's key does: a graph
+    padded to a rung of its batch ladder then splits as the unpadded batch does."""
     block_n = block_n or _decode_block_n(device)
     max_ctx = max_blocks * block_size
     min_part = 64 if device.type == "cuda" else 32
-    want = -(-per_sm * _num_sms(device) // (batch * num_kv_heads))  # about per_sm programs per SM
+    want = -(-per_sm * _num_sms(device) // (next_pow2(batch) * num_kv_heads))  # about per_sm programs per SM
     splits = max(1, min(want, -(-max_ctx // min_part)))
     part = -(-max_ctx // splits)
     part = -(-part // block_n) * block_n

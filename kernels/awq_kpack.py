@@ -15,6 +15,11 @@ in 0x4300 (128.0 in bf16; 0x6400 = 1024.0 in fp16) so each half is OFF + q
 exactly, and one packed FMA that adds -(OFF + z). The half-words come in by
 ldmatrix from shared memory, pipelined over num_stages; no byte shuffles.
 The per-group scale is applied to the float32 partial sum of the group.
+A "swap" config computes out^T = W^T x^T instead: the dequantized weights are
+the dot's first operand, which Hopper's wgmma takes from registers, and x^T
+the second, which it reads from shared memory (one wgmma per 64 columns and
+16 rows instead of mma.sync's per 8 columns); the tuner picks it where it is
+faster (M = 16 on the widest layer, M = 32-64).
 Float32 inputs (and the interpreter) take exact float planes instead.
 
 The grid is "stream-K": the (tile, 128-row block) work units of the whole
@@ -87,14 +92,52 @@ def dequant_asm(j: int, dtype) -> str:
 
 
 def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
-    """Nibble j of the [16, BN] half-words h as q - z in like's dtype (float32 when EXACT)."""
+    """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
+    dtype (float32 when EXACT); nz and zf are broadcast to h's shape."""
     if EXACT:
-        b = ((h.to(tl.int32) >> (4 * j)) & 0xF).to(tl.float32) - zf[None, :]
+        b = ((h.to(tl.int32) >> (4 * j)) & 0xF).to(tl.float32) - zf
         if like.dtype != tl.float32:
             b = b.to(like.dtype)
     else:
         b = tl.inline_asm_elementwise(ASM, "=r,r,r", [h, nz], dtype=like.dtype, is_pure=True, pack=2)
     return b
+
+
+def _mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
+    """acc + x b, or acc + b x when SWAP (b is then W^T's tile and x is x^T's)."""
+    if SWAP:
+        if EXACT and x.dtype == tl.float32:
+            acc = tl.dot(b, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b, x, acc)
+    else:
+        if EXACT and x.dtype == tl.float32:
+            acc = tl.dot(x, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, b, acc)
+    return acc
+
+
+def _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP: tl.constexpr):
+    """Pointers into out and the mask of one output tile, in the tile's orientation."""
+    if SWAP:
+        ptrs = out_ptr + rm[None, :].to(tl.int64) * stride_om + rn[:, None]
+        mask = mmask[None, :] & nmask[:, None]
+    else:
+        ptrs = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
+        mask = mmask[:, None] & nmask[None, :]
+    return ptrs, mask
+
+
+def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """Offsets of a tile's partial in its workspace slot, and the mask of the rows below M."""
+    if SWAP:
+        loc = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        rows = mmask[None, :] & (loc >= 0)
+    else:
+        loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        rows = mmask[:, None] & (loc >= 0)
+    return loc, rows
 
 
 def _kpack_kernel(
@@ -103,6 +146,7 @@ def _kpack_kernel(
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
     of the tile-major (tile, 128-row block) sequence in one flat loop, so the
@@ -110,12 +154,18 @@ def _kpack_kernel(
     row tiles (cdiv(M, BLOCK_M)); both compile-time, so the unit -> (tile, block)
     split is a multiply, not a division. PPG: planes (of 16 rows) per
     quantization group within a block (G / 16, at most 8). NBASE: the 16-bit
-    pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile."""
+    pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
+    SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand
+    (held in registers, where Hopper's wgmma takes its A) and x^T as the second
+    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then."""
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
     r16 = tl.arange(0, 16)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if G >= 128:  # one scale row per block: fetched a block ahead, in registers (the pipeliner leaves it out)
         tq = u0 // NBLK
         rq = (tq // MT) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,22 +186,36 @@ def _kpack_kernel(
         mmask = rm < M
         nmask = rn < N
         k0 = blk * 128
-        hcol = qk_ptr + (blk * 32 + r16)[:, None].to(tl.int64) * N + rn[None, :]
-        ha = tl.load(hcol, mask=nmask[None, :], other=0)
-        hb = tl.load(hcol + 16 * N, mask=nmask[None, :], other=0)
-        xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + r16)[None, :]
-        gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if SWAP:
+            hcol = qk_ptr + (blk * 32 + r16)[None, :].to(tl.int64) * N + rn[:, None]
+            ha = tl.load(hcol, mask=nmask[:, None], other=0)
+            hb = tl.load(hcol + 16 * N, mask=nmask[:, None], other=0)
+            xrow = x_ptr + rm[None, :].to(tl.int64) * stride_xm + (k0 + r16)[:, None]
+            gacc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            hcol = qk_ptr + (blk * 32 + r16)[:, None].to(tl.int64) * N + rn[None, :]
+            ha = tl.load(hcol, mask=nmask[None, :], other=0)
+            hb = tl.load(hcol + 16 * N, mask=nmask[None, :], other=0)
+            xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + r16)[None, :]
+            gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for p in tl.static_range(8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
                 zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
-                nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
-                zf = zi.to(tl.float32)
+                if SWAP:
+                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
+                    zf = zi.to(tl.float32)[:, None]
+                else:
+                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
+                    zf = zi.to(tl.float32)[None, :]
                 if G >= 128:
                     sc = s_blk
                 else:
                     sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
-            x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
+            if SWAP:
+                x = tl.load(xrow + 16 * p, mask=mmask[None, :], other=0.0)
+            else:
+                x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
             h = ha if p < 4 else hb
             if p % 4 == 0:
                 b = _plane(h, 0, nz, zf, x, A0, EXACT)
@@ -161,24 +225,26 @@ def _kpack_kernel(
                 b = _plane(h, 2, nz, zf, x, A2, EXACT)
             else:
                 b = _plane(h, 3, nz, zf, x, A3, EXACT)
-            if EXACT and x.dtype == tl.float32:
-                gacc = tl.dot(x, b, gacc, input_precision="ieee")
-            else:
-                gacc = tl.dot(x, b, gacc)
+            gacc = _mma(x, b, gacc, SWAP, EXACT)
             if (p + 1) % PPG == 0:
-                acc += gacc * sc[None, :]
-                gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                if SWAP:
+                    acc += gacc * sc[:, None]
+                    gacc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+                else:
+                    acc += gacc * sc[None, :]
+                    gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if (blk == NBLK - 1) | (u == u1 - 1):  # this program's part of tile t ends here
             if (u - blk >= u0) & (blk == NBLK - 1):  # the whole tile
-                omask = mmask[:, None] & nmask[None, :]
-                optr = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
+                optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP)
                 tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
             else:  # a tile shared by programs pf..pl: the partial to slot (t, pid - pf)
                 pf = ((t * NBLK + 1) * P - 1) // U
-                loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                rows = mmask[:, None] & (loc >= 0)  # rows past M are neither written nor read
+                loc, rows = _ws_loc(mmask, BLOCK_M, BLOCK_N, SWAP)  # rows past M are neither written nor read
                 tl.store(ws_ptr + (t * C + pid - pf).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc, mask=rows)
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            if SWAP:
+                acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            else:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     # Only a program's first and last tiles can be shared. Counting in after the loop (not
     # inside it) keeps the loop free of atomics, which Triton's copy pipelining needs.
     tf = u0 // NBLK
@@ -197,15 +263,14 @@ def _kpack_kernel(
                 rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
                 rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
                 mmask = rm < M
-                loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                rows = mmask[:, None] & (loc >= 0)
-                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                loc, rows = _ws_loc(mmask, BLOCK_M, BLOCK_N, SWAP)
+                total = tl.zeros(loc.shape, tl.float32)
                 for j in range(0, pl - pf + 1, 4):  # four partials in flight at a time, summed in order
                     for i in tl.static_range(4):
                         total += tl.load(ws_ptr + (t * C + j + i).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc,
                                          mask=rows & (loc * 0 + j + i <= pl - pf), other=0.0, cache_modifier=".cg")
-                optr = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-                tl.store(optr, total.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & (rn < N)[None, :])
+                optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, rn < N, stride_om, SWAP)
+                tl.store(optr, total.to(out_ptr.dtype.element_ty), mask=omask)
                 tl.atomic_xchg(cnt_ptr + t, 0)  # ready for the next launch
 
 
@@ -229,17 +294,17 @@ def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.const
 
 
 class _Kernel(LazyKernel):
-    """LazyKernel whose @jit helper is built in the launch's mode too (the
-    kernel finds it in this module's globals when it is traced)."""
+    """LazyKernel whose @jit helpers are built in the launch's mode too (the
+    kernel finds them in this module's globals when it is traced)."""
 
     def __getitem__(self, grid):
         import triton
 
         mode = interpret_mode()
-        helper = _PLANE_BUILT.get(mode)
-        if helper is None:
-            helper = _PLANE_BUILT[mode] = triton.jit(_PLANE_FN)
-        globals()["_plane"] = helper
+        built = _HELPERS_BUILT.get(mode)
+        if built is None:
+            built = _HELPERS_BUILT[mode] = {name: triton.jit(fn) for name, fn in _HELPERS.items()}
+        globals().update(built)
         kernel = self._built.get(mode)
         if kernel is None:
             kernel = self._built[mode] = triton.jit(self.fn, do_not_specialize=["U", "P", "C"])  # M == 1 pays
@@ -248,8 +313,8 @@ class _Kernel(LazyKernel):
         return kernel[grid]
 
 
-_PLANE_FN = _plane
-_PLANE_BUILT: dict = {}
+_HELPERS = {"_plane": _plane, "_mma": _mma, "_tile_ptrs": _tile_ptrs, "_ws_loc": _ws_loc}
+_HELPERS_BUILT: dict = {}
 _gemm = _Kernel(_kpack_kernel)
 _dequant = LazyKernel(_kpack_dequant_kernel)
 
@@ -335,7 +400,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
-        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact,
+        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=bool(cfg.get("swap")),
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":
@@ -353,10 +418,12 @@ def dequantize(qk, zeros, scales, group_size: int, dtype) -> torch.Tensor:
     return w
 
 
-def _cfg(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None):
+def _cfg(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False):
     c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
     if maxnreg:
         c["maxnreg"] = maxnreg
+    if swap:
+        c["swap"] = True
     return c
 
 
@@ -367,7 +434,8 @@ def configs(M: int, dtype, device) -> list:
     """Candidates timed per shape; the first is the interpreter's and the one used
     if a shape is first met inside a graph capture."""
     if device.type != "cuda":
-        return [_cfg(16, 32, grid=3), _cfg(16, 32, grid="tiles"), _cfg(32, 64, grid=5)]
+        return [_cfg(16, 32, grid=3), _cfg(16, 32, grid="tiles"), _cfg(32, 64, grid=5), _cfg(16, 32, grid=3, swap=True),
+                _cfg(32, 64, grid="tiles", swap=True)]
     if dtype == torch.float32:
         return [_cfg(16, 64)] if M <= 64 else [DENSE]
     sms = _sm_count(device)
@@ -375,11 +443,15 @@ def configs(M: int, dtype, device) -> list:
         # measured on the H200 (triton 3.6, session 4): BN 128 on 2 warps (64 columns a warp) led on
         # the large layers, BN 64 on 4 or 2 warps on the small ones; on long K (18944) fewer
         # programs than a full wave, so a tile's partials are fewer
+        # session 5: the swapped BN 256 led at 3584x37888 M = 16 (31.5 against 32.8 us)
         return [_cfg(16, 64), _cfg(16, 128, warps=2, stages=4), _cfg(16, 64, warps=2), _cfg(16, 128),
-                _cfg(16, 64, warps=2, stages=4), _cfg(16, 64, grid=2 * sms), _cfg(16, 64, grid=4 * sms)]
+                _cfg(16, 64, warps=2, stages=4), _cfg(16, 64, grid=2 * sms), _cfg(16, 64, grid=4 * sms),
+                _cfg(16, 256, swap=True)]
     if M <= 64:
+        # session 5, M = 64: swapped (64, 128) took 72.9 us at 3584x37888 against 98.6 for the best
+        # unswapped; swapped (32, 128) 45.7 against 54.5 at 18944x3584
         return [_cfg(16, 64), _cfg(32, 64), _cfg(32, 128), _cfg(64, 64), _cfg(32, 64, warps=2),
-                _cfg(16, 128, warps=2, stages=4), DENSE]
+                _cfg(16, 128, warps=2, stages=4), _cfg(32, 128, swap=True), _cfg(64, 128, swap=True), DENSE]
     if M <= 256:
         # (128, 256) needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
         return [DENSE] + [_cfg(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128) for bn in (128, 256)

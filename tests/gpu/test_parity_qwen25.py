@@ -1,7 +1,8 @@
 """GPU parity at Qwen2.5 widths: a random-weight model of Qwen2.5-0.5B's
 architecture (4 of its layers) in bf16, and its AWQ form, against
-transformers running the same weights: teacher-forced logprobs close, greedy
-tokens equal until the first near-tie."""
+transformers running the same weights: teacher-forced logprobs as close to
+transformers' float32 as its own bf16 run is, and greedy tokens that leave the
+float32 choice, before the first near-tie, about as rarely as its bf16 run's do."""
 import json
 import os
 import random
@@ -76,13 +77,13 @@ def _hf(path, dtype):
 @torch.no_grad()
 def _compare(ours_path, ref_path):
     rng = random.Random(1)
-    prompts = [[rng.randrange(5, 150000) for _ in range(n)] for n in (7, 60, 200, 513)]
+    prompts = [[rng.randrange(5, 150000) for _ in range(n)] for n in (7, 60, 200, 513, 31, 129, 300, 1000)]
     llm = LLM(ours_path, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=8)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0))
     del llm
     ref32, ref16 = _hf(ref_path, torch.float32), _hf(ref_path, torch.bfloat16)
-    err_ours = err_hf16 = 0.0
+    d_ours, d_hf16 = [], []
     compared = mism = hf16_mism = 0
     gaps = []
     for prompt, out in zip(prompts, outs):
@@ -93,8 +94,8 @@ def _compare(ours_path, ref_path):
         pos = torch.arange(len(gen), device="cuda")
         gen_t = torch.tensor(gen, device="cuda")
         ours = torch.tensor([d[t] for d, t in zip(out.outputs[0].logprobs, gen)], device="cuda")
-        err_ours = max(err_ours, float((ours - lp32[pos, gen_t]).abs().max()))
-        err_hf16 = max(err_hf16, float((lp16[pos, gen_t] - lp32[pos, gen_t]).abs().max()))
+        d_ours.append((ours - lp32[pos, gen_t]).abs())
+        d_hf16.append((lp16[pos, gen_t] - lp32[pos, gen_t]).abs())
         top2 = lp32.topk(2, dim=-1).values
         for i, t in enumerate(gen):
             if float(top2[i, 0] - top2[i, 1]) < NEAR_TIE:
@@ -107,18 +108,33 @@ def _compare(ours_path, ref_path):
     del ref32, ref16
     torch.cuda.empty_cache()
     print(f"reference gaps at our mismatches: {gaps}; HF bf16 mismatches on the same positions: {hf16_mism}")
-    return err_ours, err_hf16, compared, mism, hf16_mism
+    return torch.cat(d_ours).cpu(), torch.cat(d_hf16).cpu(), compared, mism, hf16_mism
+
+
+def _stats(d: torch.Tensor) -> tuple:
+    return float(d.mean()), float(d.quantile(0.9)), float(d.max())
 
 
 @pytest.mark.parametrize("form", ["bf16", "awq"])
 def test_qwen25_shapes_match_transformers(ckpts, form):
     dense, awq, dequant = ckpts
     ours, ref = (dense, dense) if form == "bf16" else (awq, dequant)
-    err_ours, err_hf16, compared, mism, hf16_mism = _compare(ours, ref)
-    print(f"{form}: ours vs HF fp32 max |dlogprob| {err_ours:.4f} (HF bf16 vs fp32 {err_hf16:.4f}); "
-          f"greedy tokens compared before the first near-tie {compared}, mismatches {mism}")
-    # bf16 rounding flips a few greedy choices of the float32 reference even in
-    # transformers' own bf16 run: ours may not flip more of them than it does
-    assert mism <= hf16_mism + 1, (mism, hf16_mism)
+    d_ours, d_hf16, compared, mism, hf16_mism = _compare(ours, ref)
+    (mean, q90, top), (mean16, q90_16, top16) = _stats(d_ours), _stats(d_hf16)
+    print(f"{form}: |dlogprob| vs HF fp32 over {d_ours.numel()} positions, ours mean {mean:.4f} p90 {q90:.4f} "
+          f"max {top:.4f}; HF bf16 mean {mean16:.4f} p90 {q90_16:.4f} max {top16:.4f}; greedy tokens compared "
+          f"before the first near-tie {compared}, mismatches {mism}")
+    # bf16 rounding flips a few greedy choices of the float32 reference even in transformers'
+    # own bf16 run; ours may flip about as many. The counts are a few in some 35 positions
+    # (session 5: ours 4 and 4, HF bf16's 1 and 4), where a split like 4 : 1 is chance, so the
+    # bound is loose (2 x theirs + 3); the logprob bounds below carry the accuracy claim
+    assert mism <= 2 * hf16_mism + 3, (mism, hf16_mism)
     assert compared >= 16  # the comparison is not vacuous
-    assert err_ours <= 1.5 * err_hf16 + 0.05
+    # as close to float32 as transformers' bf16 run, on the mean and the 90th percentile. Not on
+    # the max alone: at these sharp logits one bf16 flip moves a whole continuation, and the
+    # max then swings (measured on the H200 with kernel families swapped for their references,
+    # session 5: the max of ours 0.64-2.49 at a mean within 0.8-1.1x HF bf16's). Planted bugs
+    # (decode attention missing the newest token; RMSNorm eps + 1e-2) failed the mean bound
+    assert mean <= 1.2 * mean16 + 0.02, (mean, mean16)
+    assert q90 <= 1.5 * q90_16 + 0.05, (q90, q90_16)
+    assert top <= 3 * top16 + 0.1, (top, top16)

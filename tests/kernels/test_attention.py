@@ -73,6 +73,15 @@ def test_decode_launch_shape_ignores_context_lens():
     assert "context_lens" not in inspect.signature(decode_partition).parameters
 
 
+@pytest.mark.parametrize("batch,padded", [(3, 4), (5, 8), (9, 16), (17, 24), (33, 40)])
+def test_decode_partition_same_for_graph_padding(batch, padded):
+    """A CUDA graph runs a batch padded to its ladder's next rung: the split
+    must not change, or graph and eager decode round P in other chunks."""
+    cpu = torch.device("cpu")
+    for hkv in (1, 2):
+        assert decode_partition(batch, hkv, 64, 16, cpu) == decode_partition(padded, hkv, 64, 16, cpu)
+
+
 def test_decode_strided_query_from_qkv(rng, poisoned):
     batch, hq, hkv, d, bs = 2, 4, 2, 64, 16
     k, v, tables = _paged_cache(rng, batch, 3, bs, hkv, d, torch.float32)
