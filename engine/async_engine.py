@@ -38,6 +38,10 @@ class AsyncLLMEngine:
         return self.engine.max_model_len
 
     @property
+    def vocab_size(self) -> int:
+        return self.engine.spec.vocab_size
+
+    @property
     def kv_capacity_tokens(self) -> int:
         return self.engine.kv_capacity_tokens
 

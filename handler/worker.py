@@ -222,6 +222,11 @@ class Worker:
             # the template writes its own special tokens (BOS included), as vLLM's chat path does
             return tok.encode(self._apply_template(tok, spec.messages), add_special_tokens=False)
         if isinstance(spec.prompt, list):
+            # checked here, so the error names the job's field (the engine's would name prompt_token_ids)
+            bad = [t for t in spec.prompt if not 0 <= t < engine.vocab_size]
+            if bad:
+                raise invalid("openai_input.prompt" if spec.is_openai else "prompt",
+                              f"token ids outside the vocabulary (size {engine.vocab_size}): {bad[:3]}")
             return spec.prompt
         return tok.encode(spec.prompt)
 

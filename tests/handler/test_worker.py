@@ -101,8 +101,12 @@ def test_invalid_input_names_the_field(loop, shared_worker):
     err = error_of(run(loop, shared_worker, {"messages": [{"role": "user", "content": "x"}],
                                              "sampling_params": {"stop_token_ids": [-1]}}))
     assert err["field"] == "sampling_params.stop_token_ids"
-    err = error_of(run(loop, shared_worker, {"prompt": [10**6]}))
+    err = error_of(run(loop, shared_worker, {"prompt": [5, 10**6, 7, 10**7]}))
     assert err["code"] == "invalid_input" and "vocabulary" in err["message"]
+    assert err["field"] == "prompt" and "1000000" in err["message"] and "10000000" in err["message"]
+    err = error_of(run(loop, shared_worker, {"openai_route": "/v1/completions",
+                                             "openai_input": {"prompt": [5, 10**6]}}))
+    assert err["field"] == "openai_input.prompt" and "vocabulary" in err["message"]
 
 
 def test_prompt_too_long_gives_both_numbers(loop, shared_worker):
