@@ -17,9 +17,10 @@ ldmatrix from shared memory, pipelined over num_stages; no byte shuffles.
 The per-group scale is applied to the float32 partial sum of the group.
 A "swap" config computes out^T = W^T x^T instead: the dequantized weights are
 the dot's first operand, which Hopper's wgmma takes from registers, and x^T
-the second, which it reads from shared memory (one wgmma per 64 columns and
-16 rows instead of mma.sync's per 8 columns); the tuner picks it where it is
-faster (M = 16 on the widest layer, M = 32-64).
+the second, which it reads from shared memory: a warpgroup's wgmma covers 64
+weight columns by 16 rows of K, one warp's mma.sync 8 columns, and x needs no
+ldmatrix. The tuner picks it where it is faster (M = 16 on the widest layer,
+M = 32-64).
 Float32 inputs (and the interpreter) take exact float planes instead.
 
 The grid is "stream-K": the (tile, 128-row block) work units of the whole
