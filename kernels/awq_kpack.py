@@ -192,13 +192,12 @@ def _kpack_kernel(
             ha = tl.load(hcol, mask=nmask[:, None], other=0)
             hb = tl.load(hcol + 16 * N, mask=nmask[:, None], other=0)
             xrow = x_ptr + rm[None, :].to(tl.int64) * stride_xm + (k0 + r16)[:, None]
-            gacc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         else:
             hcol = qk_ptr + (blk * 32 + r16)[:, None].to(tl.int64) * N + rn[None, :]
             ha = tl.load(hcol, mask=nmask[None, :], other=0)
             hb = tl.load(hcol + 16 * N, mask=nmask[None, :], other=0)
             xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + r16)[None, :]
-            gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        gacc = tl.zeros_like(acc)
         for p in tl.static_range(8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
@@ -230,10 +229,9 @@ def _kpack_kernel(
             if (p + 1) % PPG == 0:
                 if SWAP:
                     acc += gacc * sc[:, None]
-                    gacc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
                 else:
                     acc += gacc * sc[None, :]
-                    gacc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                gacc = tl.zeros_like(acc)
         if (blk == NBLK - 1) | (u == u1 - 1):  # this program's part of tile t ends here
             if (u - blk >= u0) & (blk == NBLK - 1):  # the whole tile
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP)
@@ -242,10 +240,7 @@ def _kpack_kernel(
                 pf = ((t * NBLK + 1) * P - 1) // U
                 loc, rows = _ws_loc(mmask, BLOCK_M, BLOCK_N, SWAP)  # rows past M are neither written nor read
                 tl.store(ws_ptr + (t * C + pid - pf).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc, mask=rows)
-            if SWAP:
-                acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-            else:
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc = tl.zeros_like(acc)
     # Only a program's first and last tiles can be shared. Counting in after the loop (not
     # inside it) keeps the loop free of atomics, which Triton's copy pipelining needs.
     tf = u0 // NBLK
