@@ -116,7 +116,7 @@ def main():
     args = ap.parse_args()
     path = args.model
     if path is None:
-        from handler.default_model import ensure_default_model
+        from handler.prepare.default_model import ensure_default_model
 
         path = ensure_default_model()
     rows = c1(path, args.tokens) + ([] if args.skip_c2 else c2())

@@ -17,11 +17,12 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernels  # noqa: E402
-from kernels._dispatch import graph_time, next_pow2  # noqa: E402
+from kernels.awq_configs import CKPT, KPACK, chosen_config, shape_key  # noqa: E402
+from kernels.dispatch import FAILED, TIMINGS, graph_time  # noqa: E402
 from kernels.awq import pack_awq_int4  # noqa: E402
 
 HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
-GEN = torch.Generator(device="cuda").manual_seed(1234)
+GEN = None  # main(): the CUDA generator of every input (after --help, which needs no GPU)
 
 
 PARTIAL = None  # main(): --out + ".partial", K1's rows written after each shape
@@ -103,10 +104,9 @@ def k1(bw, peak, ms):
                 tf, tp = None, 1.0
             else:
                 tf, tp = None, 0.8
-            from kernels import awq_kpack
-
-            cfg = awq_kpack.chosen_config(M, N, K, G, torch.bfloat16)
-            cands = [[str(c), t * 1e6] for c, t in awq_kpack.TIMINGS.get((next_pow2(M), N, K, G, torch.bfloat16), [])]
+            cfg = chosen_config(KPACK, M, N, K, G, torch.bfloat16)
+            # the tuner's times, each net of its L2 flush
+            cands = [[str(c), t * 1e6] for c, t in TIMINGS.get((KPACK,) + shape_key(M, N, K, G, torch.bfloat16), [])]
             rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,
                             tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, config=str(cfg),
                             candidates_us=cands, checkpoint_layout_us=ckpt * 1e6))
@@ -117,9 +117,8 @@ def k1(bw, peak, ms):
         if PARTIAL:  # the shapes done so far, in case the run is cut short
             with open(PARTIAL, "w") as f:
                 json.dump({"rows": rows}, f, indent=1)
-    from kernels import awq_ckpt, awq_kpack
-
-    for name, failed in (("checkpoint layout", awq_ckpt.FAILED), ("kpack", awq_kpack.FAILED)):
+    for name, kernel in (("checkpoint layout", CKPT), ("kpack", KPACK)):
+        failed = {key[1:]: why for key, why in FAILED.items() if key[0] == kernel}
         if failed:
             print(f"K1 {name} configs that did not build:", json.dumps({str(k): v for k, v in failed.items()}, indent=1))
     return rows
@@ -233,7 +232,8 @@ def main():
     ap.add_argument("--only", default="K1,K2,K3,K4")
     ap.add_argument("--ms", default="1,8,16,32,64,128,256,1024,4096")
     args = ap.parse_args()
-    global PARTIAL
+    global GEN, PARTIAL
+    GEN = torch.Generator(device="cuda").manual_seed(1234)
     PARTIAL = args.out + ".partial"
     bw, peak = ceilings()
     rows = []

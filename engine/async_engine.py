@@ -38,12 +38,22 @@ class AsyncLLMEngine:
         return self.engine.max_model_len
 
     @property
-    def vocab_size(self) -> int:
-        return self.engine.spec.vocab_size
+    def input_processor(self):
+        """engine.input_processor.InputProcessor: prompts and params into EngineRequests."""
+        return self.engine.input_processor
 
     @property
     def kv_capacity_tokens(self) -> int:
         return self.engine.kv_capacity_tokens
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The largest request (prompt + output tokens) one sequence can be."""
+        return self.engine.max_request_tokens
+
+    @property
+    def device(self) -> str:
+        return self.engine.device
 
     @property
     def model_name(self) -> str:
@@ -89,8 +99,9 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt, params: SamplingParams | None = None, request_id: str = "",
                        priority: int = 0, cache_salt: str | None = None):
-        """Async generator of cumulative RequestOutputs; raises the request's
-        EngineError if it fails; cancelling the consumer aborts the request."""
+        """Async generator of cumulative RequestOutputs of a prompt (or an EngineRequest
+        from `input_processor`, with params None); raises the request's EngineError if it
+        fails; cancelling the consumer aborts the request."""
         if self._dead is not None:
             raise EngineDeadError(f"engine is dead: {self._dead.message}")
         self._ensure_loop()

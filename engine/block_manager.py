@@ -175,12 +175,6 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
-    def reset_prefix_cache(self):
-        for bid in list(self.cached.values()):
-            if self.blocks[bid].ref_count == 0:
-                self.blocks[bid].reset()
-        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].hash == h}
-
     def check_invariants(self, seqs) -> None:
         """Ref counts equal the block tables that hold each block; free = unreferenced."""
         counts = [0] * self.num_blocks

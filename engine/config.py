@@ -1,7 +1,7 @@
 """Engine configuration (vLLM's argument names)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine import faults
 from engine.errors import InvalidInputError
@@ -33,7 +33,6 @@ class EngineConfig:
     # raises while it detokenizes, dead_* is an unrecoverable device error, load_error_after_tensors
     # an I/O error while the weights load.
     fault_injection: dict | None = None
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:

@@ -25,12 +25,16 @@ def batch_ladder(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner, max_batch: int):
-        self.runner = runner
+    """The graphs of one model's decode steps; `replay` copies a step's inputs from
+    the runner's host buffers into the persistent inputs, then replays."""
+
+    def __init__(self, model, device, max_batch: int, table_width: int):
+        self.model = model
+        self.device = device
         self.sizes = batch_ladder(max_batch)
         self.max_batch = self.sizes[-1]
-        dev = runner.device
-        W = runner.max_blocks_per_seq
+        dev = device
+        W = table_width
         self.ids = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slots = torch.full((self.max_batch,), -1, dtype=torch.int64, device=dev)
@@ -46,7 +50,7 @@ class DecodeGraphs:
                               is_decode=True, max_query_len=1)
 
     def _forward(self, bs: int) -> torch.Tensor:
-        model = self.runner.model
+        model = self.model
         with forward_context(self._context(bs)):
             return model.compute_logits(model(self.ids[:bs], self.pos[:bs]))
 
@@ -56,15 +60,15 @@ class DecodeGraphs:
         Each size runs eagerly first: kernels compile and tune outside capture."""
         t0 = time.monotonic()
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.runner.device)
+        stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
             self._forward(bs)
-            torch.cuda.synchronize(self.runner.device)
+            torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = self._forward(bs)
             self.graphs[bs] = (graph, out)
-        torch.cuda.synchronize(self.runner.device)
+        torch.cuda.synchronize(self.device)
         self.capture_seconds = time.monotonic() - t0
         log.info("captured %d decode CUDA graphs (batch %d..%d) in %.1fs", len(self.sizes), self.sizes[0],
                  self.max_batch, self.capture_seconds)
@@ -72,19 +76,21 @@ class DecodeGraphs:
     def can_run(self, scheduled) -> bool:
         return len(scheduled) <= self.max_batch and all(n == 1 for _, n in scheduled)
 
-    def run(self, scheduled) -> torch.Tensor:
-        """Logits [n, vocab] of a decode step of n sequences (a view of the graph's output)."""
-        n = len(scheduled)
-        bs = next(b for b in self.sizes if b >= n)
-        r = self.runner
-        tokens, _, cols, _, _ = r.fill_host(scheduled, pad_to=bs)
-        h = r.host
-        self.ids[:bs].copy_(h.ids_t[:bs], non_blocking=True)
-        self.pos[:bs].copy_(h.pos_t[:bs], non_blocking=True)
-        self.slots[:bs].copy_(h.slots_t[:bs], non_blocking=True)
-        self.ctx[:bs].copy_(h.ctx_t[:bs], non_blocking=True)
-        self.tables[:bs, :cols].copy_(h.table_t[: bs * cols].view(bs, cols), non_blocking=True)
-        r.mark_copied()
+    def padded_size(self, n: int) -> int:
+        """The batch of the graph that runs a decode step of n sequences."""
+        return next(b for b in self.sizes if b >= n)
+
+    def copy_inputs(self, host, bs: int, cols: int) -> None:
+        """Copy (asynchronously) a decode step's inputs into the persistent ones: `host`
+        (engine.runner.HostBuffers) holds them for bs rows and cols block-table columns."""
+        self.ids[:bs].copy_(host.ids_t[:bs], non_blocking=True)
+        self.pos[:bs].copy_(host.pos_t[:bs], non_blocking=True)
+        self.slots[:bs].copy_(host.slots_t[:bs], non_blocking=True)
+        self.ctx[:bs].copy_(host.ctx_t[:bs], non_blocking=True)
+        self.tables[:bs, :cols].copy_(host.table_t[: bs * cols].view(bs, cols), non_blocking=True)
+
+    def replay(self, bs: int) -> torch.Tensor:
+        """Logits [bs, vocab] of the copied-in step (a view of the graph's output)."""
         graph, out = self.graphs[bs]
         graph.replay()
-        return out[:n]
+        return out

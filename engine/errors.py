@@ -1,4 +1,4 @@
-"""Engine errors, each with a stable code (the failure contract in DESIGN.md)."""
+"""Engine errors, each with a stable code: the failure contract (README, "Jobs": the table of codes)."""
 from __future__ import annotations
 
 
@@ -50,10 +50,6 @@ class KVCapacityError(EngineError):
 class OutOfMemoryError(EngineError):
     code = "out_of_memory"
     retryable = True
-
-
-class RequestAbortedError(EngineError):
-    code = "cancelled"
 
 
 class EngineDeadError(EngineError):

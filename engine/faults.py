@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 
 from engine.errors import InvalidInputError
+from engine.validation import is_int
 
 STEP_KINDS = ("oom", "nan", "detokenize_error", "dead")
 KEYS = ({f"{k}_at_step" for k in STEP_KINDS} | {f"{k}_request_id" for k in STEP_KINDS}
@@ -16,10 +17,6 @@ NAN_VALUES = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 def _bad(message: str) -> InvalidInputError:
     return InvalidInputError(f"fault_injection: {message}", field="fault_injection")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def validate(spec) -> None:
@@ -33,7 +30,7 @@ def validate(spec) -> None:
         raise _bad(f"unknown keys {unknown}; known: {', '.join(sorted(KEYS))}")
     for kind in STEP_KINDS:
         step, rid = spec.get(f"{kind}_at_step"), spec.get(f"{kind}_request_id")
-        if step is not None and (not _is_int(step) or step < 1):
+        if step is not None and (not is_int(step) or step < 1):
             raise _bad(f"{kind}_at_step must be an integer >= 1 (steps count from 1)")
         if rid is not None and (not isinstance(rid, str) or not rid):
             raise _bad(f"{kind}_request_id must be a non-empty string")
@@ -42,7 +39,7 @@ def validate(spec) -> None:
     if spec.get("nan_value", "nan") not in NAN_VALUES:
         raise _bad(f"nan_value must be one of {', '.join(NAN_VALUES)}")
     after = spec.get("load_error_after_tensors")
-    if after is not None and (not _is_int(after) or after < 0):
+    if after is not None and (not is_int(after) or after < 0):
         raise _bad("load_error_after_tensors must be an integer >= 0")
 
 

@@ -7,7 +7,6 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import apply_chat_template
 
 
 class LLM:
@@ -57,11 +56,7 @@ class LLM:
     def chat(self, conversations, params: SamplingParams | None = None, add_generation_prompt: bool = True):
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
-        tok = self.engine.tokenizer
-        prompts = []
-        for conv in conversations:  # the template writes any special tokens itself
-            text = apply_chat_template(tok, conv, add_generation_prompt)
-            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        prompts = [{"messages": conv, "add_generation_prompt": add_generation_prompt} for conv in conversations]
         return self.generate(prompts, params)
 
     def stats(self) -> dict:

@@ -17,11 +17,6 @@ from engine.sequence import Sequence
 log = logging.getLogger(__name__)
 
 
-def kv_bytes_per_block(model, block_size: int, dtype) -> int:
-    s = model.spec
-    return 2 * s.num_layers * block_size * s.num_kv_heads * s.head_dim * torch.empty((), dtype=dtype).element_size()
-
-
 class HostBuffers:
     """Reused host arrays of one step's inputs (pinned on CUDA). Before they are
     refilled, the copies out of them from the previous step must be done."""
@@ -68,7 +63,14 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
         cuda = self.device.type == "cuda"
         self.host = HostBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, pin=cuda)
-        self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured
+        self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured (capture_graphs)
+
+    def capture_graphs(self, max_batch: int) -> None:
+        """CUDA graphs of decode steps of 1..max_batch sequences (after the KV cache is allocated)."""
+        from engine.cuda_graph import DecodeGraphs
+
+        self.graphs = DecodeGraphs(self.model, self.device, max_batch, self.max_blocks_per_seq)
+        self.graphs.capture()
 
     def allocate_kv_cache(self, num_blocks: int):
         s = self.model.spec
@@ -166,7 +168,11 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the scheduled requests that sample, in order."""
         if self.graphs is not None and self.graphs.can_run(scheduled):
-            return self.graphs.run(scheduled).float()
+            bs = self.graphs.padded_size(len(scheduled))
+            _, _, cols, _, _ = self.fill_host(scheduled, pad_to=bs)
+            self.graphs.copy_inputs(self.host, bs, cols)
+            self.mark_copied()
+            return self.graphs.replay(bs)[: len(scheduled)].float()
         ids, pos, ctx, rows_t = self.prepare(scheduled)
         if rows_t.numel() == 0:
             with forward_context(ctx):

@@ -1,28 +1,15 @@
 """SamplingParams with vLLM's field names, validated on creation."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from engine.errors import InvalidInputError
+from engine.validation import is_int, is_number
 
 
 def _check(cond: bool, fieldname: str, message: str):
     if not cond:
         raise InvalidInputError(f"sampling params: {fieldname} {message}", field=fieldname)
-
-
-def _is_num(v) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int beyond the float range
-        return False
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(slots=True)
@@ -48,33 +35,41 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.stop is None or isinstance(self.stop, tuple):
+            self.stop = list(self.stop or [])
+        if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
 
     def validate(self):
         if self.max_tokens is not None:
-            _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1")
-        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
+            _check(is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1")
+        _check(is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
-        _check(_is_num(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
-        _check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        _check(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 0), "top_k", "must be -1 (off) or >= 0")
-        _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
-        _check(_is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
-        _check(_is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
-        _check(_is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
+        _check(is_number(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
+        _check(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        _check(is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 0), "top_k", "must be -1 (off) or >= 0")
+        _check(is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
+        _check(is_number(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
+        _check(is_number(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
+        _check(is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         if self.seed is not None:
-            _check(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", "must be an integer in [0, 2**63)")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
-        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be integers >= 0")
+            _check(is_int(self.seed) and 0 <= self.seed < 2**63, "seed", "must be an integer in [0, 2**63)")
+        _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
+               "must be a non-empty string or a list of them")
+        _check(isinstance(self.stop_token_ids, list) and all(is_int(t) and t >= 0 for t in self.stop_token_ids),
+               "stop_token_ids", "must be a list of integers >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
         _check(isinstance(self.detokenize, bool), "detokenize", "must be a boolean")
         _check(self.detokenize or not self.stop, "stop", "needs detokenize=True")
         if self.logprobs is not None:
-            _check(_is_int(self.logprobs) and 0 <= self.logprobs <= 20, "logprobs", "must be an integer in [0, 20]")
+            _check(is_int(self.logprobs) and 0 <= self.logprobs <= 20, "logprobs", "must be an integer in [0, 20]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+# the fields a request may set; `detokenize` is the engine's own switch (benchmarks)
+REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams) if f.name != "detokenize")

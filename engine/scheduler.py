@@ -1,9 +1,11 @@
 """Continuous batching: each step gives requests tokens within one budget,
 running ones first (decodes, then unfinished prefill chunks), then waiting
-ones in (priority, arrival) order; preemption by recompute when blocks run out."""
+ones in (priority, arrival) order; preemption by recompute when blocks run out.
+The scheduler owns the KV block manager and updates requests from each step's output."""
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -48,6 +50,16 @@ class Scheduler:
         self.add(seq)
 
     def schedule(self) -> SchedulerOutput:
+        if self.bm.ttl_s is not None:
+            self.bm.expire()
+        out = self._schedule()
+        now = time.monotonic()
+        for seq, _ in out.scheduled:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+        return out
+
+    def _schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
@@ -80,6 +92,42 @@ class Scheduler:
             out.scheduled.append((seq, n))
             budget -= n
         return out
+
+    def update_from_output(self, scheduled: list[tuple[Sequence, int]], samples: list) -> list[tuple[Sequence, object]]:
+        """After a step ran `scheduled` (samples[i]: scheduled[i]'s SampleResult, None for a
+        prefill chunk that samples nothing): computed tokens advance, newly full blocks enter
+        the prefix cache, sampled tokens are appended. Returns the (request, sample) pairs that
+        sampled; a sample with an error (unusable logits) appends nothing."""
+        sampled = []
+        now = time.monotonic()
+        for (seq, n), sample in zip(scheduled, samples):
+            seq.num_computed_tokens += n
+            self.bm.cache_full_blocks(seq)
+            if sample is None:
+                continue
+            if sample.error is None:
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                seq.token_ids.append(sample.token_id)
+                seq.cumulative_logprob += sample.logprob
+                if seq.logprobs is not None:
+                    seq.logprobs.append(sample.top_logprobs)
+            sampled.append((seq, sample))
+        return sampled
+
+    def stats(self) -> dict:
+        bm = self.bm
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_block_size": bm.block_size,
+            "prefix_cache_hit_tokens": bm.hit_tokens,
+            "prefix_cache_query_tokens": bm.query_tokens,
+            "prefix_cache_hit_rate": bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
+            "num_preemptions": self.num_preemptions,
+        }
 
     def finish(self, seq: Sequence):
         """Remove a finished or aborted request and free its blocks."""

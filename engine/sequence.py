@@ -43,8 +43,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, float]] | None = None
     generator: object = None  # torch.Generator for seeded sampling
-    detok: object = None  # engine.tokenizer.IncrementalDetokenizer
-    stop_checker: object = None  # engine.stop.StopChecker
+    detok: object = None  # engine.detokenizer.Detokenizer (text and stop checks)
     emitted_len: int = 0  # characters of text already reported
 
     def __post_init__(self):
@@ -66,10 +65,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -1,11 +1,16 @@
-"""Engine construction from the settings: the EngineConfig, the settings check at start,
-and the model to load (MODEL_NAME, or the embedded default model prepared on first use)."""
+"""The worker's engine: its EngineConfig from the settings (checked at start),
+the model to load (MODEL_NAME, or the embedded default model prepared on first
+use), and the one lazy load that the jobs arriving during it share."""
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
+
+from handler.errors import JobError
+from handler.prepare.default_model import DEFAULT_MODEL_NAME
 
 log = logging.getLogger("handler")
 
@@ -16,7 +21,7 @@ ENGINE_FIELDS = {
     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "enable_prefix_caching": "ENABLE_PREFIX_CACHING",
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "num_kv_blocks": "NUM_KV_BLOCKS", "seed": "SEED",
     "fault_injection": "FAULT_INJECTION", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
-    "enforce_eager": "ENFORCE_EAGER",
+    "enforce_eager": "ENFORCE_EAGER", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S",
 }
 
 
@@ -24,11 +29,6 @@ def engine_config(settings: Any, model: str):
     """The EngineConfig for these settings (raises engine InvalidInputError naming the field)."""
     from engine import EngineConfig
 
-    ttl = {}
-    if settings.prefix_cache_ttl_s:  # a field once the engine has one; until then in `extra`
-        names = {f.name for f in dataclasses.fields(EngineConfig)}
-        ttl = ({"prefix_cache_ttl_s": settings.prefix_cache_ttl_s} if "prefix_cache_ttl_s" in names
-               else {"extra": {"prefix_cache_ttl_s": settings.prefix_cache_ttl_s}})
     return EngineConfig(
         model=model, revision=settings.model_revision, dtype=settings.dtype, quantization=settings.quantization,
         block_size=settings.block_size, max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
@@ -36,7 +36,8 @@ def engine_config(settings: Any, model: str):
         enable_prefix_caching=settings.enable_prefix_caching,
         gpu_memory_utilization=settings.gpu_memory_utilization, num_kv_blocks=settings.num_kv_blocks,
         seed=settings.seed, fault_injection=settings.fault_injection,
-        tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager, **ttl,
+        tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
+        prefix_cache_ttl_s=settings.prefix_cache_ttl_s or None,
     )
 
 
@@ -47,16 +48,19 @@ def check_engine_settings(settings: Any) -> None:
     from handler.settings import SettingsError
 
     try:
-        config = engine_config(settings, settings.model_name or "default-model")
+        engine_config(settings, settings.model_name or "default-model")
     except InvalidInputError as exc:
         name = ENGINE_FIELDS.get(exc.field or "", exc.field or "settings")
         raise SettingsError(name, str(getattr(settings, name.lower(), "")), exc.message) from None
-    if "prefix_cache_ttl_s" in getattr(config, "extra", {}):
-        log.warning("PREFIX_CACHE_TTL_S is set but this engine has no prefix-cache expiry yet; it is not applied")
+
+
+def model_label(settings: Any) -> str:
+    """The model's name as the OpenAI routes report it."""
+    return settings.openai_served_model_name_override or settings.model_name or DEFAULT_MODEL_NAME
 
 
 def default_model_path(settings: Any, on_progress: Callable[[str], None] | None = None) -> str:
-    from handler import default_model  # the embedded model's preparation: imported only when needed
+    from handler.prepare import default_model  # the embedded model's preparation: imported only when needed
 
     return default_model.ensure_default_model(base_path=settings.base_path, on_progress=on_progress)
 
@@ -73,16 +77,92 @@ def build_engine(settings: Any, on_progress: Callable[[str], None] | None = None
     return AsyncLLMEngine.from_config(engine_config(settings, model))
 
 
-def summary_defaults(settings: Any) -> dict:
-    """Sampling of summarize jobs: the default model's tuned values when it is served."""
-    from handler import summarize_core
+class EngineLoader:
+    """The engine, built on the first job's demand in a thread (`factory(settings,
+    on_stage)`); jobs arriving during the load wait for the same one, with progress
+    updates. A failed load fails every job `model_load_failed` and calls `on_failure`."""
 
-    defaults = {**summarize_core.SUMMARY_SAMPLING, "max_tokens": summarize_core.SUMMARY_MAX_TOKENS}
-    if not settings.model_name:
+    def __init__(self, settings: Any, factory: Callable, metrics, *, progress: Callable | None = None,
+                 on_failure: Callable[[str], None] = lambda why: None):
+        self.settings, self.metrics = settings, metrics
+        self.engine = None
+        self._factory, self._progress, self._on_failure = factory, progress, on_failure
+        self._task: asyncio.Task | None = None
+        self._error: JobError | None = None
+        self._stage: str | None = None
+        self._summary_task: asyncio.Task | None = None
+
+    async def get(self, ctx):
+        """The engine, loading it if needed (within the job's deadline)."""
+        if self.engine is not None:
+            return self.engine
+        if self._error is not None:
+            raise JobError(self._error.code, self._error.message)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._load())
+        task, t0 = self._task, time.monotonic()
+        while not task.done():
+            now = time.monotonic()
+            if ctx.deadline is not None and now >= ctx.deadline:
+                raise JobError("timeout", f"the job's deadline of {ctx.spec.timeout_s:g}s passed while the model "
+                               "was loading", timeout_s=ctx.spec.timeout_s)
+            payload = {"status": "loading model", "waited_s": round(now - t0, 1)}
+            if self._stage:
+                payload["stage"] = self._stage
+            self._send_progress(ctx, payload)
+            wait = self.settings.load_progress_interval_s
+            if ctx.deadline is not None:
+                wait = min(wait, ctx.deadline - now)
+            await asyncio.wait({task}, timeout=wait)
+        ctx.waited_for_load = time.monotonic() - t0
+        if task.exception() is not None:
+            err = JobError.from_exception(task.exception())
+            raise JobError(err.code, err.message)
+        return task.result()
+
+    async def _load(self):
+        t0 = time.monotonic()
+        log.info("loading the model (%s)", self.settings.model_name or "the embedded default model")
+
+        def stage(message: str) -> None:  # called from the loading thread
+            self._stage = message
+
         try:
-            from handler import default_model
+            engine = await asyncio.to_thread(self._factory, self.settings, stage)
+        except Exception as exc:  # noqa: BLE001 - every load failure becomes model_load_failed
+            err = JobError.from_exception(exc)
+            code_ok = err.code == "model_load_failed"
+            message = err.message if code_ok else f"{type(exc).__name__}: {exc}"
+            self._error = JobError("model_load_failed", message, retryable=False)
+            log.error("model load failed: %s", message, exc_info=not code_ok)
+            self._on_failure("the model could not be loaded")
+            raise self._error from exc
+        self.engine = engine
+        seconds = time.monotonic() - t0
+        self.metrics.load_seconds.set(seconds)
+        self.metrics.bind_engine(engine.stats)
+        stats = engine.stats()
+        log.info("engine ready in %.1fs: %s, max_model_len %d, %d KV blocks of %d tokens (%d tokens)",
+                 seconds, engine.model_name, engine.max_model_len, stats["kv_blocks_total"],
+                 stats["kv_block_size"], engine.kv_capacity_tokens)
+        if self.settings.metrics_log_interval_s:
+            interval = self.settings.metrics_log_interval_s
+            self._summary_task = asyncio.get_running_loop().create_task(self.metrics.log_every(interval))
+        return engine
 
-            defaults.update(getattr(default_model, "SUMMARIZE_SAMPLING", {}))
-        except ImportError:
-            pass
-    return defaults
+    def _send_progress(self, ctx, payload: dict) -> None:
+        waited = payload.get("waited_s", 0)
+        ctx.log.log(logging.INFO if not waited else logging.DEBUG, "waiting for the model load (%.0fs)", waited)
+        if self._progress is not None:
+            try:
+                self._progress(ctx.job, payload)
+            except Exception:  # noqa: BLE001 - a lost progress update must not fail the job
+                ctx.log.warning("progress update failed", exc_info=True)
+
+    async def aclose(self) -> None:
+        """Stop the background tasks (the summary logger, the engine's loop)."""
+        if self._summary_task is not None:
+            self._summary_task.cancel()
+            self._summary_task = None
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            await self.engine.shutdown()

@@ -4,21 +4,36 @@ Each op has a plain PyTorch reference (the CPU path and the test oracle);
 Triton kernels take over on CUDA tensors (and on CPU tensors under
 TRITON_INTERPRET=1). Importing this package never touches CUDA.
 """
+from kernels.dispatch import use_triton
 from kernels.activation import silu_and_mul
 from kernels.attention import paged_decode_attention, paged_prefill_attention
-from kernels.awq import awq_dequantize, awq_gemm
+from kernels.awq import (
+    AWQPrepared,
+    awq_dequantize,
+    awq_gemm,
+    awq_linear,
+    awq_prepare,
+    pack_awq_int4,
+    unpack_awq_int4,
+)
 from kernels.kv_cache import write_kv_cache
 from kernels.norm import fused_add_rms_norm, rms_norm
 from kernels.rotary import rotary_embedding
 
 __all__ = [
+    "AWQPrepared",
     "awq_dequantize",
     "awq_gemm",
+    "awq_linear",
+    "awq_prepare",
     "fused_add_rms_norm",
+    "pack_awq_int4",
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "unpack_awq_int4",
+    "use_triton",
     "write_kv_cache",
 ]

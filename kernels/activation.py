@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 import triton.language as tl
 
-from kernels._dispatch import lazy_jit, next_pow2, use_triton
+from kernels.dispatch import lazy_jit, next_pow2, use_triton
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
@@ -12,6 +12,7 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+@lazy_jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, I, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -20,9 +21,6 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, I, BLOCK: tl.conste
     up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
     act = gate / (1.0 + tl.exp(-gate))
     tl.store(out_ptr + row * stride_o + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-_silu_and_mul = lazy_jit(_silu_and_mul_kernel)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -36,7 +34,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     out = torch.empty(x2.shape[0], inter, dtype=x.dtype, device=x.device)
     block = min(1024, next_pow2(inter))
-    _silu_and_mul[(x2.shape[0], (inter + block - 1) // block)](
+    _silu_and_mul_kernel[(x2.shape[0], (inter + block - 1) // block)](
         x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
     )
     return out.view(*x.shape[:-1], inter)

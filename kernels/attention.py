@@ -11,7 +11,7 @@ flash-style causal prefill; the references below are the CPU path and oracle.
 import torch
 import triton.language as tl
 
-from kernels._dispatch import autotune, lazy_jit, next_pow2, use_triton
+from kernels.dispatch import autotune, jit_helper, lazy_jit, next_pow2, sm_count, use_triton
 
 LOG2E = 1.4426950408889634
 
@@ -59,7 +59,7 @@ def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float):
     """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] -> [B, Hq, D]."""
     if use_triton(q, k_cache, v_cache, block_tables, context_lens) and q.shape[0]:
-        return _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
     return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
@@ -88,13 +88,49 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, 
     max_query_len (the largest n_b), when the caller knows it, spares the
     Triton path a host synchronisation; it must not be smaller than the truth."""
     if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
-        return _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+        return prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
                                max_query_len)
     return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
 
 
+# ---------------------------------------------------------------- shared by both kernels
+
+@jit_helper
+def _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr):
+    """Offsets of KV head hkv of tokens n in the paged cache, through the block table row."""
+    page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    return page * stride_cb + (n % BLOCK_SIZE) * stride_cs + hkv * stride_ch
+
+
+@jit_helper
+def _dot(a, b, FP32: tl.constexpr):
+    """a @ b; float32 inputs in full precision (not tf32)."""
+    if FP32:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@jit_helper
+def _softmax_step(s, m, l, SAFE: tl.constexpr):
+    """One block of the online softmax (log2 domain): the block's probabilities, the
+    rescale of what came before, the new running sum and max. SAFE: a row whose keys
+    are all masked so far (max -inf) stays at zero instead of NaN."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    if SAFE:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m - m_ref)
+    l = l * alpha + tl.sum(p, axis=1)
+    return p, alpha, l, m_new
+
+
 # ---------------------------------------------------------------- decode
 
+@lazy_jit
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh,
@@ -128,26 +164,14 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        row = page * stride_cb + (n % BLOCK_SIZE) * stride_cs + hkv * stride_ch
+        row = _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)  # in flight with k
-        if FP32:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(nmask[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
-        if FP32:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
+        s = tl.where(nmask[None, :], _dot(q, tl.trans(k), FP32) * qk_scale, float("-inf"))
+        p, alpha, l, m = _softmax_step(s, m, l, False)
+        pv = _dot(p.to(v.dtype), v, FP32)
         acc = acc * alpha[:, None] + pv
-        m = m_new
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     omask = gmask[:, None] & dmask[None, :]
@@ -162,6 +186,7 @@ def _decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=omask)
 
 
+@lazy_jit
 def _decode_reduce_kernel(
     po_ptr, pm_ptr, pl_ptr, out_ptr, stride_ob, stride_oh, HQ, D, NUM_SPLITS,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -183,21 +208,6 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
-_decode = lazy_jit(_decode_kernel)
-_decode_reduce = lazy_jit(_decode_reduce_kernel)
-
-_SM_COUNT: dict = {}
-
-
-def _num_sms(device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: small, so tests exercise the split path
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def _decode_block_n(device) -> int:
     return 64 if device.type == "cuda" else 16
 
@@ -211,7 +221,7 @@ def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size:
     block_n = block_n or _decode_block_n(device)
     max_ctx = max_blocks * block_size
     min_part = 64 if device.type == "cuda" else 32
-    want = -(-per_sm * _num_sms(device) // (next_pow2(batch) * num_kv_heads))  # about per_sm programs per SM
+    want = -(-per_sm * sm_count(device) // (next_pow2(batch) * num_kv_heads))  # about per_sm programs per SM
     splits = max(1, min(want, -(-max_ctx // min_part)))
     part = -(-max_ctx // splits)
     part = -(-part // block_n) * block_n
@@ -220,19 +230,23 @@ def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size:
 
 # (BLOCK_N, warps, stages, programs per SM): the first is the interpreter's and
 # the one used inside a graph capture before a shape was tuned
-_DECODE_CONFIGS = [(64, 4, 3, 4)] + [(n, w, st, ps) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3)
-                                     for ps in (2, 4, 8) if (n, w, st, ps) != (64, 4, 3, 4)]
+DECODE_CONFIGS = [(64, 4, 3, 4)] + [(n, w, st, ps) for n in (32, 64, 128) for w in (4, 8) for st in (2, 3)
+                                    for ps in (2, 4, 8) if (n, w, st, ps) != (64, 4, 3, 4)]
 
 
-def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config=None):
-    """config: one of _DECODE_CONFIGS to run (tests); None tunes per shape."""
-    B, HQ, D = q.shape
+def _paged_layout(q, k_cache, v_cache):
+    """(q with unit stride along D, block size, KV heads), once the cache layout is checked."""
     _, block_size, HKV, _ = k_cache.shape
-    assert HQ % HKV == 0 and k_cache.shape == v_cache.shape
+    assert q.shape[1] % HKV == 0 and k_cache.shape == v_cache.shape
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     assert block_size & (block_size - 1) == 0, "block size must be a power of two"
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    return (q if q.stride(-1) == 1 else q.contiguous()), block_size, HKV
+
+
+def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config=None):
+    """The Triton decode; config: one of DECODE_CONFIGS to run (tests), None tunes per shape."""
+    B, HQ, D = q.shape
+    q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
     group = HQ // HKV
     out = torch.empty(B, HQ, D, dtype=q.dtype, device=q.device)
     fp32 = q.dtype == torch.float32
@@ -249,7 +263,7 @@ def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, confi
             pl = torch.empty_like(pm)
         else:
             po = pm = pl = out
-        _decode[(B, HKV, splits)](
+        _decode_kernel[(B, HKV, splits)](
             q, k_cache, v_cache, block_tables, context_lens, out, po, pm, pl,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -258,12 +272,12 @@ def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, confi
             BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, num_warps=warps, num_stages=stages,
         )
         if splits > 1:
-            _decode_reduce[(B, HQ)](
+            _decode_reduce_kernel[(B, HQ)](
                 po, pm, pl, out, out.stride(0), out.stride(1), HQ, D, splits,
                 BLOCK_S=next_pow2(splits), BLOCK_D=block_d, num_warps=4,
             )
 
-    configs = _DECODE_CONFIGS if q.is_cuda else _DECODE_CONFIGS[:1]
+    configs = DECODE_CONFIGS if q.is_cuda else DECODE_CONFIGS[:1]
     key = (next_pow2(B), HQ, HKV, D, block_tables.shape[1], block_size, q.dtype, k_cache.dtype)
     launch(config or autotune("paged_decode", key, configs, launch))
     return out
@@ -271,6 +285,7 @@ def _decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, confi
 
 # ---------------------------------------------------------------- prefill
 
+@lazy_jit
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, cl_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -306,45 +321,26 @@ def _prefill_kernel(
     for n0 in range(0, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < hi
-        page = tl.load(bt_row + n // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        row = page * stride_cb + (n % BLOCK_SIZE) * stride_cs + hkv * stride_ch
+        row = _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
-        if FP32:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        qk = _dot(q, tl.trans(k), FP32)
         keep = nmask[None, :] & (n[None, :] <= qpos[:, None])
-        s = tl.where(keep, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m - m_safe)
-        l = l * alpha + tl.sum(p, axis=1)
+        s = tl.where(keep, qk * qk_scale, float("-inf"))
+        p, alpha, l, m = _softmax_step(s, m, l, True)
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
-        if FP32:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
+        pv = _dot(p.to(v.dtype), v, FP32)
         acc = acc * alpha[:, None] + pv
-        m = m_new
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
-_prefill = lazy_jit(_prefill_kernel)
-
-
-def _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None):
+def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None):
+    """The Triton prefill (one host sync for the longest query when max_new is None)."""
     T, HQ, D = q.shape
-    _, block_size, HKV, _ = k_cache.shape
-    assert HQ % HKV == 0 and k_cache.shape == v_cache.shape
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-    assert block_size & (block_size - 1) == 0, "block size must be a power of two"
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
     B = query_start_loc.shape[0] - 1
     out = torch.empty(T, HQ, D, dtype=q.dtype, device=q.device)
     if max_new is None:  # one host sync
@@ -357,7 +353,7 @@ def _prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_
     else:
         block_m, block_n, warps, stages = 16, 16, 4, 1
     grid = (-(-max_new // block_m), B, HQ)
-    _prefill[grid](
+    _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),

@@ -1,5 +1,5 @@
-"""Triton kernels for AWQ W4A16 on the checkpoint's own layout (kernels.awq
-describes the format), with their launchers and per-shape tuning.
+"""Triton kernels for AWQ W4A16 on the checkpoint's own layout (kernels.awq_format
+describes it), and their launchers; kernels.awq_configs picks the config per shape.
 
 `_awq_gemm_kernel`, one for every M: a program owns a BLOCK_M x (8 * BLOCK_W)
 output tile and walks K in blocks of BK rows (BK divides G). Per block it
@@ -16,31 +16,25 @@ per weight) makes two planes of two words per call; the interpreter uses the
 same magic number in plain Triton (DEQ 1), float32 exact float planes (DEQ 0).
 
 Small M (decode) splits K over the grid's second axis and reduces the split
-partials in the same launch: each program writes its fp32 partial to a
-workspace, counts itself in with an atomic, and the last program of a tile
-sums the partials in a fixed order and writes the output (deterministic, one
-launch, no zero-fill, no cast kernel). For large M the weight is dequantized
-(Triton) and multiplied by torch.matmul (cuBLAS). The config and the path are
-timed once per shape on CUDA (TIMINGS keeps the candidates' times); the
-candidates also include a widened-tile kernel (split-K by fp32 atomics into a
-zeroed buffer). The split-K workspace here is shared with kernels.awq_kpack.
+partials in the same launch: each program writes its fp32 partial to the
+workspace of kernels.workspace, counts itself in with an atomic, and the last
+program of a tile sums the partials in a fixed order and writes the output
+(deterministic, one launch, no zero-fill, no cast kernel). For large M the
+weight is dequantized (Triton) and multiplied by torch.matmul (cuBLAS).
+`_wide_tile_kernel` is a second candidate: the packed words widened to a
+[BLOCK_K, BLOCK_N] tile, split-K by fp32 atomics into a zeroed buffer.
 """
 import torch
 import triton.language as tl
 
-from kernels._dispatch import LazyKernel, _interpreted_launcher, graph_time, interpret_mode, next_pow2
+from kernels.dispatch import jit_helper, lazy_jit, sm_count
+from kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
 # ----------------------------------------------------------------------------
 # kernels
 
 
-def _jit(fn):
-    import triton
-
-    return triton.jit(fn)
-
-
-@_jit
+@jit_helper
 def _plane(w, like, J: tl.constexpr, DEQ: tl.constexpr, MAGIC: tl.constexpr):
     """Nibble plane J of int32 words w in like's dtype: the exact float q (DEQ 0) or
     OFF + q from the 16-bit magic number (DEQ 1: planes J and J+4 share one
@@ -57,7 +51,7 @@ def _plane(w, like, J: tl.constexpr, DEQ: tl.constexpr, MAGIC: tl.constexpr):
     return out
 
 
-@_jit
+@jit_helper
 def _asm_planes(w, like, B: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):
     """Planes 2B and 2B+1 of w as OFF + q in like's dtype (bf16 or fp16)."""
     sel = tl.full(w.shape, B * 0x1111 + 0x4400, tl.int32)  # bytes B of both words -> the two halves
@@ -67,7 +61,7 @@ def _asm_planes(w, like, B: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr
     return lo, hi
 
 
-@_jit
+@jit_helper
 def _step(acc, x, b, xs, s, zw, J: tl.constexpr, OFF: tl.constexpr, FP32: tl.constexpr):
     """acc += s * (x @ plane - (OFF + z) * sum x) for plane J (columns 8 w + ORDER[J])."""
     if FP32:
@@ -79,7 +73,7 @@ def _step(acc, x, b, xs, s, zw, J: tl.constexpr, OFF: tl.constexpr, FP32: tl.con
     return acc + sf[None, :] * d - ((z + OFF) * sf)[None, :] * xs[:, None]
 
 
-@_jit
+@jit_helper
 def _scales(s_ptr, g, N, rw, lim):
     """The 8 planes' scale vectors of group g (plane j: columns 8 w + ORDER[j])."""
     srow = s_ptr + g * N + rw * 8
@@ -90,7 +84,7 @@ def _scales(s_ptr, g, N, rw, lim):
             tl.load(srow + 5, mask=m, other=0.0), tl.load(srow + 7, mask=m, other=0.0))
 
 
-@_jit
+@jit_helper
 def _store8(optr, mask, a0, a1, a2, a3, a4, a5, a6, a7):
     """Plane j's tile goes to columns 8 w + ORDER[j]."""
     dt = optr.dtype.element_ty
@@ -104,6 +98,64 @@ def _store8(optr, mask, a0, a1, a2, a3, a4, a5, a6, a7):
     tl.store(optr + 7, a7.to(dt), mask=mask)
 
 
+@jit_helper
+def _zeros8(BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Eight float32 [BLOCK_M, BLOCK_W] tiles of zeros: one per nibble plane."""
+    return (tl.zeros([BLOCK_M, BLOCK_W], tl.float32), tl.zeros([BLOCK_M, BLOCK_W], tl.float32),
+            tl.zeros([BLOCK_M, BLOCK_W], tl.float32), tl.zeros([BLOCK_M, BLOCK_W], tl.float32),
+            tl.zeros([BLOCK_M, BLOCK_W], tl.float32), tl.zeros([BLOCK_M, BLOCK_W], tl.float32),
+            tl.zeros([BLOCK_M, BLOCK_W], tl.float32), tl.zeros([BLOCK_M, BLOCK_W], tl.float32))
+
+
+@jit_helper
+def _store_partial(mine, P: tl.constexpr, mask, a0, a1, a2, a3, a4, a5, a6, a7):
+    """A program's eight plane tiles to its workspace slot, P floats apart."""
+    tl.store(mine + 0 * P, a0, mask=mask)
+    tl.store(mine + 1 * P, a1, mask=mask)
+    tl.store(mine + 2 * P, a2, mask=mask)
+    tl.store(mine + 3 * P, a3, mask=mask)
+    tl.store(mine + 4 * P, a4, mask=mask)
+    tl.store(mine + 5 * P, a5, mask=mask)
+    tl.store(mine + 6 * P, a6, mask=mask)
+    tl.store(mine + 7 * P, a7, mask=mask)
+
+
+@jit_helper
+def _add_partial(part, P: tl.constexpr, mask, t0, t1, t2, t3, t4, t5, t6, t7):
+    """The eight running sums plus one program's partial (read past L1: other SMs wrote it)."""
+    t0 += tl.load(part + 0 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t1 += tl.load(part + 1 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t2 += tl.load(part + 2 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t3 += tl.load(part + 3 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t4 += tl.load(part + 4 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t5 += tl.load(part + 5 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t6 += tl.load(part + 6 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    t7 += tl.load(part + 7 * P, mask=mask, other=0.0, cache_modifier=".cg")
+    return t0, t1, t2, t3, t4, t5, t6, t7
+
+
+@jit_helper
+def _column_shifts(BLOCK_N: tl.constexpr):
+    """Bit offset of each column's nibble in its packed word: column c of 8 sits in nibble
+    (0,4,1,5,2,6,3,7)[c]."""
+    c = tl.arange(0, BLOCK_N) % 8
+    return ((c & 1) * 4 + (c >> 1)) * 4
+
+
+@jit_helper
+def _wide_zeros(zp, shifts, BLOCK_N: tl.constexpr):
+    """Packed zeros [BLOCK_N / 8] widened to one per column, [BLOCK_N]."""
+    return (tl.reshape(tl.broadcast_to(zp[:, None], (BLOCK_N // 8, 8)), (BLOCK_N,)) >> shifts) & 0xF
+
+
+@jit_helper
+def _wide_weights(qp, z, shifts, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """q - z as int32 [BLOCK_K, BLOCK_N], the packed words qp [BLOCK_K, BLOCK_N / 8] widened
+    to their 8 columns each."""
+    q = tl.reshape(tl.broadcast_to(qp[:, :, None], (BLOCK_K, BLOCK_N // 8, 8)), (BLOCK_K, BLOCK_N))
+    return ((q >> shifts[None, :]) & 0xF) - z[None, :]
+
+
 _ASM_PAIR = (
     # $2,$3: two words; $4: prmt selector; $6: magic. prmt gathers byte B of
     # both words into the two 16-bit halves; lop3 (a & b) | c keeps one nibble
@@ -113,6 +165,7 @@ _ASM_PAIR = (
 )
 
 
+@lazy_jit(do_not_specialize=["M", "nblk", "bps", "split"])
 def _awq_gemm_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_om, G, nblk, bps, split,
@@ -135,14 +188,7 @@ def _awq_gemm_kernel(
     wmask = rw < N8
     xptr = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
     wptr = qw_ptr + rk[:, None].to(tl.int64) * N8 + rw[None, :]
-    acc0 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc3 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc4 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc5 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc6 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    acc7 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _zeros8(BLOCK_M, BLOCK_W)
     b0 = pid_k * bps
     b1 = tl.minimum(nblk, b0 + bps)
     if PREFETCH:
@@ -210,25 +256,11 @@ def _awq_gemm_kernel(
         pmask = mmask[:, None] & (lw < BLOCK_W)[None, :]
         P = BLOCK_M * BLOCK_W
         mine = ws_ptr + (pid_k * ntiles + pid).to(tl.int64) * (8 * P) + loc
-        tl.store(mine + 0 * P, acc0, mask=pmask)
-        tl.store(mine + 1 * P, acc1, mask=pmask)
-        tl.store(mine + 2 * P, acc2, mask=pmask)
-        tl.store(mine + 3 * P, acc3, mask=pmask)
-        tl.store(mine + 4 * P, acc4, mask=pmask)
-        tl.store(mine + 5 * P, acc5, mask=pmask)
-        tl.store(mine + 6 * P, acc6, mask=pmask)
-        tl.store(mine + 7 * P, acc7, mask=pmask)
+        _store_partial(mine, P, pmask, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if arrived == split - 1:
-            t0 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t1 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t2 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t3 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t4 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t5 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t6 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-            t7 = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
+            t0, t1, t2, t3, t4, t5, t6, t7 = _zeros8(BLOCK_M, BLOCK_W)
             first = ws_ptr + pid.to(tl.int64) * (8 * P) + loc
             step = ntiles.to(tl.int64) * (8 * P)
             for p0 in range(0, split, 2):  # fixed order (deterministic); 16 loads in flight
@@ -237,29 +269,22 @@ def _awq_gemm_kernel(
                     part = first + p * step
                     lim = rm < tl.where(p < split, M, 0)
                     pm = lim[:, None] & (lw < BLOCK_W)[None, :]
-                    t0 += tl.load(part + 0 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t1 += tl.load(part + 1 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t2 += tl.load(part + 2 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t3 += tl.load(part + 3 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t4 += tl.load(part + 4 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t5 += tl.load(part + 5 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t6 += tl.load(part + 6 * P, mask=pm, other=0.0, cache_modifier=".cg")
-                    t7 += tl.load(part + 7 * P, mask=pm, other=0.0, cache_modifier=".cg")
+                    t0, t1, t2, t3, t4, t5, t6, t7 = _add_partial(part, P, pm, t0, t1, t2, t3, t4, t5, t6, t7)
             _store8(optr, omask, t0, t1, t2, t3, t4, t5, t6, t7)
             tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
     else:
         _store8(optr, omask, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7)
 
 
-def _legacy_tile_kernel(
+@lazy_jit
+def _wide_tile_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr,
     M, N, K, stride_xm, stride_om, G, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ATOMIC: tl.constexpr, FP32: tl.constexpr,
 ):
-    """The previous engineer's kernel (kept as a tuning candidate: it still
-    wins some small layers and M = 64): widened [BLOCK_K, BLOCK_N] tile,
-    split-K by fp32 atomics into a zeroed buffer, then a cast."""
+    """out[M, N] = x[M, K] @ W on widened [BLOCK_K, BLOCK_N] weight tiles; with ATOMIC,
+    program (m, n, pid_k) adds its K slice into a zeroed float32 out by atomics."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -267,8 +292,7 @@ def _legacy_tile_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn8 = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-    c = tl.arange(0, BLOCK_N) % 8
-    shifts = ((c & 1) * 4 + (c >> 1)) * 4  # column c of 8 sits in nibble (0,4,1,5,2,6,3,7)[c]
+    shifts = _column_shifts(BLOCK_N)
     mmask = rm < M
     nmask = rn < N
     n8mask = rn8 < N8
@@ -279,13 +303,11 @@ def _legacy_tile_kernel(
         rk = k0 + tl.arange(0, BLOCK_K)
         g = k0 // G  # BLOCK_K divides G: one group per step, its zeros and scales loaded once
         zp = tl.load(qz_ptr + g * N8 + rn8, mask=n8mask, other=0)
-        # widen [., BLOCK_N/8] packed words to [., BLOCK_N] then pick each column's nibble
-        z = (tl.reshape(tl.broadcast_to(zp[:, None], (BLOCK_N // 8, 8)), (BLOCK_N,)) >> shifts) & 0xF
+        z = _wide_zeros(zp, shifts, BLOCK_N)
         sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
         a = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mmask[:, None], other=0.0)
         qp = tl.load(qw_ptr + rk[:, None].to(tl.int64) * N8 + rn8[None, :], mask=n8mask[None, :], other=0)
-        q = tl.reshape(tl.broadcast_to(qp[:, :, None], (BLOCK_K, BLOCK_N // 8, 8)), (BLOCK_K, BLOCK_N))
-        w = (((q >> shifts[None, :]) & 0xF) - z[None, :]).to(a.dtype)  # small ints: exact
+        w = _wide_weights(qp, z, shifts, BLOCK_K, BLOCK_N).to(a.dtype)  # small ints: exact
         if FP32:
             part = tl.dot(a, w, input_precision="ieee")
         else:
@@ -299,6 +321,7 @@ def _legacy_tile_kernel(
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
+@lazy_jit
 def _awq_dequant_kernel(
     qw_ptr, qz_ptr, s_ptr, out_ptr, N, G,
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -306,95 +329,21 @@ def _awq_dequant_kernel(
     rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn8 = tl.program_id(1) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-    c = tl.arange(0, BLOCK_N) % 8
-    shifts = ((c & 1) * 4 + (c >> 1)) * 4
+    shifts = _column_shifts(BLOCK_N)
     N8 = N // 8
     nmask = rn < N
     g = tl.program_id(0) * BLOCK_K // G
     zp = tl.load(qz_ptr + g * N8 + rn8, mask=rn8 < N8, other=0)
-    z = (tl.reshape(tl.broadcast_to(zp[:, None], (BLOCK_N // 8, 8)), (BLOCK_N,)) >> shifts) & 0xF
+    z = _wide_zeros(zp, shifts, BLOCK_N)
     sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
     qp = tl.load(qw_ptr + rk[:, None].to(tl.int64) * N8 + rn8[None, :], mask=rn8[None, :] < N8, other=0)
-    q = tl.reshape(tl.broadcast_to(qp[:, :, None], (BLOCK_K, BLOCK_N // 8, 8)), (BLOCK_K, BLOCK_N))
-    w = (((q >> shifts[None, :]) & 0xF) - z[None, :]).to(tl.float32) * sc[None, :]
+    w = _wide_weights(qp, z, shifts, BLOCK_K, BLOCK_N).to(tl.float32) * sc[None, :]
     tl.store(out_ptr + rk[:, None].to(tl.int64) * N + rn[None, :], w.to(out_ptr.dtype.element_ty),
              mask=nmask[None, :])
 
 
-_HELPERS = ("_plane", "_asm_planes", "_step", "_scales", "_store8")
-_TWINS: dict = {}
-
-
-class _Lazy(LazyKernel):
-    """LazyKernel with triton.jit options, whose @jit helpers the interpreter
-    gets as interpreted twins for the launch."""
-
-    def __init__(self, fn, **jit_kwargs):
-        super().__init__(fn)
-        self.jit_kwargs = jit_kwargs
-
-    def __getitem__(self, grid):
-        mode = interpret_mode()
-        kernel = self._built.get(mode)
-        if kernel is None:
-            import triton
-
-            kernel = self._built[mode] = triton.jit(self.fn, **self.jit_kwargs)
-        if not mode:
-            return kernel[grid]
-        launch = _interpreted_launcher(kernel[grid])
-
-        def run(*args, **kwargs):
-            from triton.runtime.interpreter import InterpretedFunction
-
-            g = globals()
-            orig = {name: g[name] for name in _HELPERS}
-            for name, fn in orig.items():
-                if name not in _TWINS:
-                    _TWINS[name] = InterpretedFunction(fn.fn)
-                g[name] = _TWINS[name]
-            try:
-                return launch(*args, **kwargs)
-            finally:
-                g.update(orig)
-
-        return run
-
-
-_awq_gemm = _Lazy(_awq_gemm_kernel, do_not_specialize=["M", "nblk", "bps", "split"])
-_awq_dequant = _Lazy(_awq_dequant_kernel)
-_legacy_tile = _Lazy(_legacy_tile_kernel)
-
-
 # ----------------------------------------------------------------------------
-# launching and tuning
-
-_WS_FLOATS = 8 << 20  # 32 MB fp32 split-K workspace per device, allocated once, never freed
-_WS_TILES = 1 << 16  # arrival counters (zero between launches)
-_WS: dict = {}
-FAILED: dict = {}  # config key -> error, for configs that did not build here
-
-
-def _workspace(device):
-    ws = _WS.get(device)
-    if ws is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        ws = _WS[device] = (torch.empty(_WS_FLOATS, dtype=torch.float32, device=device),
-                            torch.zeros(_WS_TILES, dtype=torch.int32, device=device))
-    return ws
-
-
-_SMS: dict = {}
-
-
-def _sm_count(device) -> int:
-    if device.type != "cuda":
-        return 4
-    n = _SMS.get(device)
-    if n is None:
-        n = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
+# launchers
 
 
 def _block_k(cfg, group_size: int) -> int:
@@ -403,38 +352,39 @@ def _block_k(cfg, group_size: int) -> int:
     return bk
 
 
-def _plan(M, N, K, G, cfg, device):
+def plan(M, N, K, G, cfg, device):
     """(tiles, nblk, bps, split): split-K sized to about `waves` programs per SM."""
     bk = _block_k(cfg, G)
     nblk = K // bk
     tiles = -(-M // cfg["BM"]) * -(-N // (8 * cfg["BW"]))
-    split = cfg.get("split") or round(cfg.get("waves", 0) * _sm_count(device) / tiles)
+    split = cfg.get("split") or round(cfg.get("waves", 0) * sm_count(device) / tiles)
     split = max(1, min(split, nblk))
     bps = -(-nblk // split)
     split = -(-nblk // bps)
     return tiles, nblk, bps, split
 
 
-def _fits(M, N, K, G, cfg, device) -> bool:
+def fits(M, N, K, G, cfg, device) -> bool:
+    """Whether a fused config's split-K partials fit the workspace (other kinds need none)."""
     if cfg["kind"] != "fused":
         return True
-    tiles, _, _, split = _plan(M, N, K, G, cfg, device)
-    return split == 1 or (tiles <= _WS_TILES and split * tiles * cfg["BM"] * 8 * cfg["BW"] <= _WS_FLOATS)
+    tiles, _, _, split = plan(M, N, K, G, cfg, device)
+    return split == 1 or (tiles <= WS_TILES and split * tiles * cfg["BM"] * 8 * cfg["BW"] <= WS_FLOATS)
 
 
 def _launch_fused(x, qweight, qzeros, scales, G, cfg):
     M, K = x.shape
     N = qweight.shape[1] * 8
-    tiles, nblk, bps, split = _plan(M, N, K, G, cfg, x.device)
+    tiles, nblk, bps, split = plan(M, N, K, G, cfg, x.device)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    ws = _workspace(x.device) if split > 1 else None
-    if split > 1 and (ws is None or not _fits(M, N, K, G, cfg, x.device)):
+    ws = workspace(x.device) if split > 1 else None
+    if split > 1 and (ws is None or not fits(M, N, K, G, cfg, x.device)):
         split, bps = 1, nblk  # no room for partials: one program per tile
     ws_t, cnt_t = ws if split > 1 else (out, out)
     half = x.dtype in (torch.float16, torch.bfloat16)
     deq = cfg["deq"] if half else 0
     extra = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}
-    _awq_gemm[(tiles, split)](
+    _awq_gemm_kernel[(tiles, split)](
         x, qweight, qzeros, scales, out, ws_t, cnt_t,
         M, N, K, x.stride(0), out.stride(0), G, nblk, bps, split,
         BK=_block_k(cfg, G), OFF=0.0 if deq == 0 else (128.0 if x.dtype == torch.bfloat16 else 1024.0),
@@ -445,16 +395,17 @@ def _launch_fused(x, qweight, qzeros, scales, G, cfg):
     return out
 
 
-def _dequant_triton(qweight, qzeros, scales, group_size, dtype):
+def dequantize(qweight, qzeros, scales, group_size: int, dtype) -> torch.Tensor:
+    """The dense [K, N] weight in dtype, dequantized by a Triton kernel."""
     K, N = qweight.shape[0], qweight.shape[1] * 8
     w = torch.empty(K, N, dtype=dtype, device=qweight.device)
     bk, bn = min(group_size, 128), 128
-    _awq_dequant[(K // bk, -(-N // bn))](qweight, qzeros, scales, w, N, group_size,
-                                          BLOCK_K=bk, BLOCK_N=bn, num_warps=4)
+    _awq_dequant_kernel[(K // bk, -(-N // bn))](qweight, qzeros, scales, w, N, group_size,
+                                                 BLOCK_K=bk, BLOCK_N=bn, num_warps=4)
     return w
 
 
-def _launch_legacy(x, qweight, qzeros, scales, G, cfg):
+def _launch_wide(x, qweight, qzeros, scales, G, cfg):
     """Three launches when split: zero-fill, the tile kernel with atomics, cast."""
     M, K = x.shape
     N = qweight.shape[1] * 8
@@ -468,155 +419,17 @@ def _launch_legacy(x, qweight, qzeros, scales, G, cfg):
         out = torch.zeros(M, N, dtype=torch.float32, device=x.device)
     else:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _legacy_tile[(-(-M // bm), -(-N // bn), split)](
+    _wide_tile_kernel[(-(-M // bm), -(-N // bn), split)](
         x, qweight, qzeros, scales, out, M, N, K, x.stride(0), out.stride(0), G, k_per_split,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ATOMIC=split > 1, FP32=x.dtype == torch.float32,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
     return out.to(x.dtype) if split > 1 else out
 
 
-def _launch(x, qweight, qzeros, scales, group_size, cfg):
-    if cfg["kind"] == "legacy":
-        return _launch_legacy(x, qweight, qzeros, scales, group_size, cfg)
+def launch(x, qweight, qzeros, scales, group_size: int, cfg: dict) -> torch.Tensor:
+    """x [M, K] @ dequant(qweight) with one config of kernels.awq_configs."""
+    if cfg["kind"] == "wide":
+        return _launch_wide(x, qweight, qzeros, scales, group_size, cfg)
     if cfg["kind"] == "dense":
-        return x @ _dequant_triton(qweight, qzeros, scales, group_size, x.dtype)
+        return x @ dequantize(qweight, qzeros, scales, group_size, x.dtype)
     return _launch_fused(x, qweight, qzeros, scales, group_size, cfg)
-
-
-def _fused(bm, bw, deq, warps=4, waves=None, split=None, bk=128, stages=1, pf=False, maxnreg=None, pfx=False):
-    cfg = {"kind": "fused", "BM": bm, "BW": bw, "deq": deq, "warps": warps, "stages": stages, "BK": bk, "pf": pf}
-    if pfx:
-        cfg["pfx"] = True
-    if maxnreg:
-        cfg["maxnreg"] = maxnreg
-    if split is not None:
-        cfg["split"] = split
-    else:
-        cfg["waves"] = waves or 0
-    return cfg
-
-
-DENSE = {"kind": "dense"}
-
-
-def _legacy(bm, bn, split, warps=4):
-    return {"kind": "legacy", "BM": bm, "BN": bn, "SPLIT_K": split, "warps": warps, "stages": 3}
-
-
-def _gemm_configs(M: int, dtype, device) -> list:
-    """Candidates timed per shape (the fastest wins; see TIMINGS). The first is
-    the interpreter's, and the one used when a shape is first met inside a
-    graph capture: no inline asm.
-    BLOCK_M 16 (mma.sync) tiles serve M <= 32: the per-weight work is the
-    dequant, so two M tiles cost less than a larger tile, and BLOCK_M 64 tiles
-    (wgmma, 8 warps) lost to dequant + cuBLAS from M = 32 up on the H200.
-    Registers (sm_90, triton 3.6): pf BK128 255 (2 programs per SM), pfx
-    BK64 230, cp.async 168 with maxnreg (3 per SM)."""
-    if device.type != "cuda":
-        deq = 0 if dtype == torch.float32 else 1
-        cands = [_fused(16, 16, deq, waves=2, bk=64), _fused(16, 16, deq, split=1),
-                 _fused(16, 16, deq, waves=2, pf=True), _fused(16, 16, deq, waves=2, bk=32, pf=True, pfx=True),
-                 _legacy(16, 32, 2)]
-        if dtype != torch.float32:
-            cands.append(_fused(16, 16, 0, waves=2))
-        return cands
-    if dtype == torch.float32:  # the correctness path: exact float planes, ieee dots
-        return [_fused(16, 16, 0, warps=2, waves=4, bk=32)] if M <= 64 else [DENSE]
-    # measured on the H200 (triton 3.6): register prefetch (pf) with ~6 programs
-    # per SM beat the cp.async pipeline (bank-conflicted shared loads of the
-    # words) on every layer; pfx also prefetches x, zeros and scales
-    safe = _fused(16, 32, 1, waves=6, stages=2)  # plain Triton, no spills: the yardstick
-    pf = [_fused(16, 32, 2, waves=w, pf=True) for w in (6, 4, 8, 2)]
-    pfx = [_fused(16, 32, 2, waves=w, pf=True, pfx=True) for w in (6, 4)]
-    pfx64 = [_fused(16, 32, 2, waves=w, pf=True, pfx=True, bk=64) for w in (6, 8)]
-    cpasync = [_fused(16, 32, 2, waves=6, stages=3, maxnreg=168)]
-    # the previous kernel's winning configs (benchmarks/results before this change)
-    old16 = [_legacy(16, 128, 7), _legacy(16, 64, 7), _legacy(16, 64, 7, warps=2)]
-    old64 = [_legacy(32 if M <= 32 else 64, 128, s) for s in ((4, 14) if M <= 32 else (2, 7))]
-    # more programs in flight: thinner K blocks (fewer registers) and wider tiles
-    thin = [_fused(16, bw, 2, waves=w, pf=True, bk=32) for bw, w in ((32, 8), (32, 12), (64, 6), (64, 8))]
-    capped = [_fused(16, 32, 2, waves=8, pf=True, bk=64, maxnreg=128),
-              _fused(16, 64, 2, warps=8, waves=4, pf=True, bk=64)]
-    if M <= 16:
-        return [safe] + pf + pfx + pfx64 + cpasync + thin + capped + old16
-    # taller tiles for batched decode: one dequantized weight tile serves 32 or 64 rows
-    tall = [_fused(32, 32, 2, waves=4, pf=True, bk=64), _fused(32, 32, 2, warps=8, waves=4, pf=True, bk=64),
-            _fused(64, 32, 2, warps=8, waves=2, pf=True, bk=64), _fused(64, 32, 2, warps=8, waves=4, pf=True, bk=32)]
-    if M <= 32:
-        return [safe, pf[0], pfx[0], pfx64[0], cpasync[0], DENSE] + thin[:2] + tall[:2] + old64
-    if M <= 64:
-        return [DENSE, pf[0], pfx[0], thin[0]] + tall + old64
-    if M <= 256:
-        return [DENSE] + tall[2:] + [_fused(64, 32, 2, warps=8, waves=1, pf=True, bk=64)]
-    return [DENSE]
-
-
-def _usable(x, qweight, qzeros, scales, G, cfgs):
-    """Configs that build here and fit the workspace (the first launch compiles)."""
-    M, K = x.shape
-    N = qweight.shape[1] * 8
-    ok, ref = [], None
-    for cfg in cfgs:
-        key = (tuple(sorted(cfg.items())), x.dtype, G)
-        if key in FAILED or not _fits(M, N, K, G, cfg, x.device):
-            continue
-        try:
-            out = _launch(x, qweight, qzeros, scales, G, cfg).float()
-        except Exception as exc:  # noqa: BLE001 - a config this compiler rejects
-            FAILED[key] = f"{type(exc).__name__}: {exc}"[:800]
-            continue
-        if ref is None:  # the first config that runs (plain Triton) is the yardstick
-            ref = out
-        else:
-            err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if not err < 2e-2:  # also catches NaN
-                FAILED[key] = f"disagrees with {ok[0]}: rel err {err:.3g}"
-                continue
-        ok.append(cfg)
-    return ok or cfgs[:1]
-
-
-_CHOSEN: dict = {}
-TIMINGS: dict = {}  # shape key -> [(config, seconds per call)], from the tuning runs
-
-
-def _tune(key, x, qweight, qzeros, scales, G, cfgs):
-    """The fastest config for this shape, timed from CUDA-graph replays once
-    per key; the first config under the interpreter or inside a capture."""
-    if interpret_mode() or not x.is_cuda or len(cfgs) == 1:
-        return cfgs[0], True
-    if torch.cuda.is_current_stream_capturing():
-        return cfgs[0], False
-    from triton.runtime.errors import OutOfResources
-
-    timed = []
-    for cfg in _usable(x, qweight, qzeros, scales, G, cfgs):
-        try:
-            t = graph_time(lambda c=cfg: _launch(x, qweight, qzeros, scales, G, c))
-        except OutOfResources:
-            t = float("inf")
-        timed.append((cfg, t))
-    TIMINGS[key] = timed
-    return min(timed, key=lambda ct: ct[1])[0], True
-
-
-def _awq_gemm_triton(x, qweight, qzeros, scales, group_size):
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    assert qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()
-    M, K = x2.shape
-    N = qweight.shape[1] * 8
-    key = (next_pow2(M), N, K, group_size, x.dtype)
-    cfg = _CHOSEN.get(key)
-    if cfg is None:
-        cfg, keep = _tune(key, x2, qweight, qzeros, scales, group_size, _gemm_configs(M, x.dtype, x.device))
-        if keep:
-            _CHOSEN[key] = cfg
-    return _launch(x2, qweight, qzeros, scales, group_size, cfg).view(*lead, N)
-
-
-def chosen_config(M: int, N: int, K: int, group_size: int, dtype):
-    """The config picked for a shape (benchmarks print it), or None."""
-    return _CHOSEN.get((next_pow2(M), N, K, group_size, dtype))

@@ -1,4 +1,6 @@
-"""AWQ W4A16 GEMM on a K-packed layout made once at load time ("kpack").
+"""AWQ W4A16 GEMM on a K-packed layout made once at load time ("kpack"): the
+repack, its reference, the Triton kernel and its launcher (kernels.awq_configs
+picks the config per shape).
 
 AutoAWQ packs 8 columns into a word, so a weight tile's 8 nibble planes are
 8 column sets and need 8 accumulators (kernels.awq_ckpt). Here 16-bit words
@@ -19,8 +21,7 @@ A "swap" config computes out^T = W^T x^T instead: the dequantized weights are
 the dot's first operand, which Hopper's wgmma takes from registers, and x^T
 the second, which it reads from shared memory: a warpgroup's wgmma covers 64
 weight columns by 16 rows of K, one warp's mma.sync 8 columns, and x needs no
-ldmatrix. The tuner picks it where it is faster (M = 16 on the widest layer,
-M = 32-64).
+ldmatrix. The tuner decides per shape which orientation is faster.
 Float32 inputs (and the interpreter) take exact float planes instead.
 
 The grid is "stream-K": the (tile, 128-row block) work units of the whole
@@ -36,16 +37,14 @@ counts in on its shared tiles (an atomic counter per tile): the last to
 arrive sums the partials in program order (deterministic) and stores. Large
 M dequantizes to bf16 and calls torch.matmul.
 """
-from __future__ import annotations
-
 from functools import lru_cache
 
 import torch
 import triton.language as tl
 
-from kernels._dispatch import LazyKernel, _interpreted_launcher, graph_time, interpret_mode, next_pow2
-from kernels.awq import unpack_awq_int4
-from kernels.awq_ckpt import _WS_FLOATS, _WS_TILES, _sm_count, _workspace
+from kernels.awq_format import unpack_awq_int4
+from kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
+from kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
 ROWS = 128  # rows of K per packed block: 8 planes of 16
 
@@ -92,6 +91,7 @@ def dequant_asm(j: int, dtype) -> str:
     return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
 
 
+@jit_helper
 def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
     """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
     dtype (float32 when EXACT); nz and zf are broadcast to h's shape."""
@@ -104,6 +104,7 @@ def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.conste
     return b
 
 
+@jit_helper
 def _mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
     """acc + x b, or acc + b x when SWAP (b is then W^T's tile and x is x^T's)."""
     if SWAP:
@@ -119,6 +120,7 @@ def _mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
     return acc
 
 
+@jit_helper
 def _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP: tl.constexpr):
     """Pointers into out and the mask of one output tile, in the tile's orientation."""
     if SWAP:
@@ -130,6 +132,7 @@ def _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP: tl.constexpr):
     return ptrs, mask
 
 
+@jit_helper
 def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
     """Offsets of a tile's partial in its workspace slot, and the mask of the rows below M."""
     if SWAP:
@@ -141,6 +144,8 @@ def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.conste
     return loc, rows
 
 
+# U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
+@lazy_jit(do_not_specialize=["U", "P", "C"])
 def _kpack_kernel(
     x_ptr, qk_ptr, z_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, stride_xm, stride_om, U, P, C,
@@ -270,6 +275,7 @@ def _kpack_kernel(
                 tl.atomic_xchg(cnt_ptr + t, 0)  # ready for the next launch
 
 
+@lazy_jit
 def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.constexpr):
     """One 128-row block x BLOCK_N columns of the dense weight."""
     blk = tl.program_id(0)
@@ -289,40 +295,14 @@ def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.const
                      mask=nmask[None, :])
 
 
-class _Kernel(LazyKernel):
-    """LazyKernel whose @jit helpers are built in the launch's mode too (the
-    kernel finds them in this module's globals when it is traced)."""
-
-    def __getitem__(self, grid):
-        import triton
-
-        mode = interpret_mode()
-        built = _HELPERS_BUILT.get(mode)
-        if built is None:
-            built = _HELPERS_BUILT[mode] = {name: triton.jit(fn) for name, fn in _HELPERS.items()}
-        globals().update(built)
-        kernel = self._built.get(mode)
-        if kernel is None:
-            kernel = self._built[mode] = triton.jit(self.fn, do_not_specialize=["U", "P", "C"])  # M == 1 pays
-        if mode:
-            return _interpreted_launcher(kernel[grid])
-        return kernel[grid]
-
-
-_HELPERS = {"_plane": _plane, "_mma": _mma, "_tile_ptrs": _tile_ptrs, "_ws_loc": _ws_loc}
-_HELPERS_BUILT: dict = {}
-_gemm = _Kernel(_kpack_kernel)
-_dequant = LazyKernel(_kpack_dequant_kernel)
-
-
 # ----------------------------------------------------------------------------
-# launching and tuning
+# launcher
 
 _PLANS: dict = {}
-_RESIDENT: dict = {}  # _resident_key -> programs resident per SM, from the compiled kernel
+_RESIDENT: dict = {}  # resident_key -> programs resident per SM, from the compiled kernel
 
 
-def _split_plan(tiles: int, nblk: int, P: int) -> int:
+def split_plan(tiles: int, nblk: int, P: int) -> int:
     """C: the most programs that share one tile when U = tiles * nblk units are cut into P runs."""
     key = (tiles, nblk, P)
     c = _PLANS.get(key)
@@ -352,15 +332,11 @@ def _resident(kernel, warps: int, device) -> int:
                            getattr(props, "shared_memory_per_multiprocessor", 233472))
 
 
-def _cfg_key(cfg: dict) -> tuple:
-    return tuple(sorted(cfg.items()))
-
-
-def _resident_key(cfg, x, N, nblk) -> tuple:
+def resident_key(cfg, x, N, nblk) -> tuple:
     """What selects one compiled kernel: the config, the dtype, the device, the constexprs
     (K's block count, the row-tile count) and Triton's specialisations of M and N."""
     M = x.shape[0]
-    return (_cfg_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0)
+    return (config_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0)
 
 
 def _programs(cfg, tiles, nblk, x, N) -> int:
@@ -369,11 +345,12 @@ def _programs(cfg, tiles, nblk, x, N) -> int:
         return tiles
     if isinstance(grid, int):
         return max(1, min(grid, tiles * nblk))
-    per_sm = _RESIDENT.get(_resident_key(cfg, x, N, nblk), 2)  # before the first compile: 2 per SM
-    return max(1, min(per_sm * _sm_count(x.device), tiles * nblk))
+    per_sm = _RESIDENT.get(resident_key(cfg, x, N, nblk), 2)  # before the first compile: 2 per SM
+    return max(1, min(per_sm * sm_count(x.device), tiles * nblk))
 
 
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
+    """x [M, K] @ W with one config of kernels.awq_configs (into out when given)."""
     M, K = x.shape
     N = qk.shape[1]
     if cfg["kind"] == "dense":
@@ -382,9 +359,9 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     nblk = K // ROWS
     tiles = -(-M // BM) * -(-N // BN)
     P = _programs(cfg, tiles, nblk, x, N)
-    C = _split_plan(tiles, nblk, P) if P != tiles else 1
-    ws = _workspace(x.device)
-    if P != tiles and (ws is None or tiles > _WS_TILES or tiles * C * BM * BN > _WS_FLOATS):
+    C = split_plan(tiles, nblk, P) if P != tiles else 1
+    ws = workspace(x.device)
+    if P != tiles and (ws is None or tiles > WS_TILES or tiles * C * BM * BN > WS_FLOATS):
         P, C = tiles, 1  # no room for partials: one program per tile
     if ws is None:  # first met inside a graph capture: typed stand-ins, never touched with P == tiles
         ws = (torch.empty(1, dtype=torch.float32, device=x.device), torch.zeros(1, dtype=torch.int32, device=x.device))
@@ -392,7 +369,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     exact = x.dtype == torch.float32 or not x.is_cuda
     asm = [""] * 4 if exact else [dequant_asm(j, x.dtype) for j in range(4)]
-    kernel = _gemm[(P,)](
+    kernel = _kpack_kernel[(P,)](
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
@@ -400,118 +377,16 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":
-        key = _resident_key(cfg, x, N, nblk)
+        key = resident_key(cfg, x, N, nblk)
         if key not in _RESIDENT and hasattr(kernel, "n_regs"):
             _RESIDENT[key] = _resident(kernel, cfg.get("warps", 4), x.device)
     return out
 
 
 def dequantize(qk, zeros, scales, group_size: int, dtype) -> torch.Tensor:
+    """The dense [K, N] weight of a kpack layout in dtype, by a Triton kernel."""
     K, N = qk.shape[0] * 4, qk.shape[1]
     w = torch.empty(K, N, dtype=dtype, device=qk.device)
     bn = 128
-    _dequant[(K // ROWS, -(-N // bn))](qk, zeros, scales, w, N, group_size, BLOCK_N=bn, num_warps=4)
+    _kpack_dequant_kernel[(K // ROWS, -(-N // bn))](qk, zeros, scales, w, N, group_size, BLOCK_N=bn, num_warps=4)
     return w
-
-
-def _cfg(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False):
-    c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
-    if maxnreg:
-        c["maxnreg"] = maxnreg
-    if swap:
-        c["swap"] = True
-    return c
-
-
-DENSE = {"kind": "dense"}
-
-
-def configs(M: int, dtype, device) -> list:
-    """Candidates timed per shape; the first is the interpreter's and the one used
-    if a shape is first met inside a graph capture."""
-    if device.type != "cuda":
-        return [_cfg(16, 32, grid=3), _cfg(16, 32, grid="tiles"), _cfg(32, 64, grid=5), _cfg(16, 32, grid=3, swap=True),
-                _cfg(32, 64, grid="tiles", swap=True)]
-    if dtype == torch.float32:
-        return [_cfg(16, 64)] if M <= 64 else [DENSE]
-    sms = _sm_count(device)
-    if M <= 16:
-        # measured on the H200 (triton 3.6, session 4): BN 128 on 2 warps (64 columns a warp) led on
-        # the large layers, BN 64 on 4 or 2 warps on the small ones; on long K (18944) fewer
-        # programs than a full wave, so a tile's partials are fewer
-        # session 5: the swapped BN 256 led at 3584x37888 M = 16 (31.5 against 32.8 us)
-        return [_cfg(16, 64), _cfg(16, 128, warps=2, stages=4), _cfg(16, 64, warps=2), _cfg(16, 128),
-                _cfg(16, 64, warps=2, stages=4), _cfg(16, 64, grid=2 * sms), _cfg(16, 64, grid=4 * sms),
-                _cfg(16, 256, swap=True)]
-    if M <= 64:
-        # session 5, M = 64: swapped (64, 128) took 72.9 us at 3584x37888 against 98.6 for the best
-        # unswapped; swapped (32, 128) 45.7 against 54.5 at 18944x3584
-        return [_cfg(16, 64), _cfg(32, 64), _cfg(32, 128), _cfg(64, 64), _cfg(32, 64, warps=2),
-                _cfg(16, 128, warps=2, stages=4), _cfg(32, 128, swap=True), _cfg(64, 128, swap=True), DENSE]
-    if M <= 256:
-        # (128, 256) needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
-        return [DENSE] + [_cfg(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128) for bn in (128, 256)
-                          for s in (3, 4) if (bm, bn) != (128, 256)] + [_cfg(128, 128, warps=8)]
-    return [DENSE]
-
-
-_CHOSEN: dict = {}
-TIMINGS: dict = {}
-FAILED: dict = {}
-
-
-def _l2_flush(device):
-    """A buffer twice the L2 size: zeroing it between timed calls evicts the weights, as the
-    engine's walk over all layers does (a layer that fits in L2 would otherwise time hot)."""
-    n = 2 * getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-    return torch.empty(n, dtype=torch.uint8, device=device)
-
-
-def _tune(key, x, qk, zeros, scales, G, cands):
-    if interpret_mode() or not x.is_cuda or len(cands) == 1:
-        return cands[0], True
-    if torch.cuda.is_current_stream_capturing():
-        return cands[0], False
-    ref, timed = None, []
-    flush = _l2_flush(x.device)
-    for cfg in cands:
-        fkey = (tuple(sorted(cfg.items())), x.dtype, G)
-        if fkey in FAILED:
-            continue
-        try:
-            out = launch(x, qk, zeros, scales, G, cfg).float()
-            if ref is None:
-                ref = out
-            else:
-                err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                if not err < 2e-2:
-                    FAILED[fkey] = f"disagrees with the first config: rel err {err:.3g}"
-                    continue
-            t = graph_time(lambda c=cfg, f=flush: (f.zero_(), launch(x, qk, zeros, scales, G, c)))
-        except Exception as exc:  # noqa: BLE001 - a config this compiler or chip rejects
-            FAILED[fkey] = f"{type(exc).__name__}: {exc}"[:500]
-            continue
-        timed.append((cfg, t))
-    TIMINGS[key] = timed  # seconds per call, each after an L2 flush (the flush's own time included)
-    if not timed:
-        return cands[0], True
-    return min(timed, key=lambda ct: ct[1])[0], True
-
-
-def kpack_gemm(x, qk, zeros, scales, group_size: int) -> torch.Tensor:
-    """x [M, K] @ W [K, N] with W in the kpack layout; the config is tuned per shape on CUDA."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    M, K = x.shape
-    N = qk.shape[1]
-    key = (next_pow2(M), N, K, group_size, x.dtype)
-    cfg = _CHOSEN.get(key)
-    if cfg is None:
-        cfg, keep = _tune(key, x, qk, zeros, scales, group_size, configs(M, x.dtype, x.device))
-        if keep:
-            _CHOSEN[key] = cfg
-    return launch(x, qk, zeros, scales, group_size, cfg)
-
-
-def chosen_config(M: int, N: int, K: int, group_size: int, dtype):
-    return _CHOSEN.get((next_pow2(M), N, K, group_size, dtype))

@@ -3,7 +3,7 @@
 A Triton program copies the K and V heads of a few tokens (tuned per shape on CUDA)."""
 import triton.language as tl
 
-from kernels._dispatch import autotune, lazy_jit, next_pow2, use_triton
+from kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
 
 
 def write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping):
@@ -14,6 +14,7 @@ def write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping):
     v_cache.view(-1, num_heads, head_dim).index_copy_(0, slots, value[valid].to(v_cache.dtype))
 
 
+@lazy_jit
 def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
@@ -38,9 +39,6 @@ def _write_kv_kernel(
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-_write_kv = lazy_jit(_write_kv_kernel)
-
-
 def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     """key, value [T, Hkv, D]; caches [num_blocks, block_size, Hkv, D]."""
     if not (use_triton(key, value, k_cache, v_cache, slot_mapping) and key.shape[0]):
@@ -57,7 +55,7 @@ def write_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
 
     def launch(cfg):
         tokens, warps = cfg
-        _write_kv[(-(-T // tokens),)](
+        _write_kv_kernel[(-(-T // tokens),)](
             key, value, k_cache, v_cache, slot_mapping,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

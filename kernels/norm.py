@@ -3,7 +3,7 @@ One Triton program per row; the reference is the CPU path and test oracle."""
 import torch
 import triton.language as tl
 
-from kernels._dispatch import lazy_jit, next_pow2, use_triton
+from kernels.dispatch import lazy_jit, next_pow2, use_triton
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -12,6 +12,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(x.dtype)
 
 
+@lazy_jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr,
     stride_x, stride_r, stride_o, H, eps,
@@ -37,9 +38,6 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (h * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_rms_norm = lazy_jit(_rms_norm_kernel)
-
-
 def _launch(x, residual, weight, eps):
     H = x.shape[-1]
     x2 = x.reshape(-1, H)
@@ -53,7 +51,7 @@ def _launch(x, residual, weight, eps):
     out = torch.empty(x2.shape, dtype=torch.promote_types(weight.dtype, in_dtype), device=x.device)
     block = next_pow2(H)
     warps = 4 if block <= 1024 else 8
-    _rms_norm[(x2.shape[0],)](
+    _rms_norm_kernel[(x2.shape[0],)](
         x2, r2, weight, out, x2.stride(0), r2.stride(0), out.stride(0), H, float(eps),
         HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps,
     )

@@ -8,7 +8,7 @@ program per token; dims past rotary_dim are left as they are.
 import torch
 import triton.language as tl
 
-from kernels._dispatch import lazy_jit, next_pow2, use_triton
+from kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -27,6 +27,19 @@ def rotary_embedding_reference(positions, q, k, cos_sin_cache):
     return q, k
 
 
+@jit_helper
+def _rotate_heads(ptr, t, stride_t, stride_h, H, HALF, d, dmask, cos, sin, BLOCK_H: tl.constexpr):
+    """The H heads of token t rotated in place: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    mask = (h < H) & dmask[None, :]
+    p = ptr + t * stride_t + h * stride_h + d[None, :]
+    x1 = tl.load(p, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(p, (x1 * cos - x2 * sin).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(p + HALF, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
+
+
+@lazy_jit
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
@@ -39,25 +52,8 @@ def _rotary_kernel(
     dmask = d < HALF
     cos = tl.load(cache_ptr + pos * stride_cache + d, mask=dmask, other=0.0)[None, :]
     sin = tl.load(cache_ptr + pos * stride_cache + HALF + d, mask=dmask, other=0.0)[None, :]
-
-    hq = tl.arange(0, BLOCK_HQ)[:, None]
-    mq = (hq < HQ) & dmask[None, :]
-    pq = q_ptr + t * stride_qt + hq * stride_qh + d[None, :]
-    q1 = tl.load(pq, mask=mq, other=0.0).to(tl.float32)
-    q2 = tl.load(pq + HALF, mask=mq, other=0.0).to(tl.float32)
-    tl.store(pq, (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), mask=mq)
-    tl.store(pq + HALF, (q2 * cos + q1 * sin).to(q_ptr.dtype.element_ty), mask=mq)
-
-    hk = tl.arange(0, BLOCK_HK)[:, None]
-    mk = (hk < HK) & dmask[None, :]
-    pk = k_ptr + t * stride_kt + hk * stride_kh + d[None, :]
-    k1 = tl.load(pk, mask=mk, other=0.0).to(tl.float32)
-    k2 = tl.load(pk + HALF, mask=mk, other=0.0).to(tl.float32)
-    tl.store(pk, (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty), mask=mk)
-    tl.store(pk + HALF, (k2 * cos + k1 * sin).to(k_ptr.dtype.element_ty), mask=mk)
-
-
-_rotary = lazy_jit(_rotary_kernel)
+    _rotate_heads(q_ptr, t, stride_qt, stride_qh, HQ, HALF, d, dmask, cos, sin, BLOCK_HQ)
+    _rotate_heads(k_ptr, t, stride_kt, stride_kh, HK, HALF, d, dmask, cos, sin, BLOCK_HK)
 
 
 def rotary_embedding(positions, q, k, cos_sin_cache):
@@ -73,7 +69,7 @@ def rotary_embedding(positions, q, k, cos_sin_cache):
     kk = k if k.stride(-1) == 1 else k.contiguous()
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     half = rot // 2
-    _rotary[(T,)](
+    _rotary_kernel[(T,)](
         positions, qk, kk, cache,
         qk.stride(0), qk.stride(1), kk.stride(0), kk.stride(1), cache.stride(0),
         HQ, HK, half,

@@ -1,7 +1,8 @@
-"""Tiny random checkpoints of real architectures, saved with transformers,
-with a byte-level BPE tokenizer trained here (English and Korean text)."""
+"""Tiny random checkpoints of real architectures (saved with transformers; AWQ by
+round-to-nearest) with a byte-level BPE tokenizer trained here (English and Korean text)."""
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -79,6 +80,55 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def llama128(path: str, vocab_size: int) -> str:
+    """Untied Llama, hidden 128: room for AWQ groups of 64 per rank; the vocabulary need not split evenly."""
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.exists(os.path.join(path, "config.json")):
+        cfg = tiny_config("llama", vocab_size, hidden_size=128, intermediate_size=256,
+                          num_attention_heads=4, num_key_value_heads=2)
+        torch.manual_seed(7)
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+        make_tokenizer().save_pretrained(path)
+    return path
+
+
+def round_to_nearest_awq(src: str, dst: str, group: int) -> str:
+    """AutoAWQ GEMM format by plain round-to-nearest per group (no calibration: parity
+    between tensor-parallel sizes needs only the format)."""
+    from safetensors.torch import load_file, save_file
+
+    from kernels.awq import pack_awq_int4
+
+    if os.path.exists(os.path.join(dst, "config.json")):
+        return dst
+    os.makedirs(dst)
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    out = {}
+    for name, t in sd.items():
+        if ".layers." not in name or not name.endswith("proj.weight"):
+            out[name] = t
+            continue
+        w = t.t().float()  # [K, N]
+        K, N = w.shape
+        g = w.reshape(K // group, group, N)
+        lo, hi = g.amin(1), g.amax(1)
+        scale = ((hi - lo) / 15).clamp_min(1e-6)
+        zero = (-lo / scale).round().clamp(0, 15)
+        q = (g / scale[:, None] + zero[:, None]).round().clamp(0, 15).reshape(K, N)
+        base = name[: -len(".weight")]
+        out[base + ".qweight"] = pack_awq_int4(q.to(torch.int32))
+        out[base + ".qzeros"] = pack_awq_int4(zero.to(torch.int32))
+        out[base + ".scales"] = scale.half()
+    save_file(out, os.path.join(dst, "model.safetensors"))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+                                  "version": "gemm"}
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    make_tokenizer().save_pretrained(dst)
+    return dst
 
 
 def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -1,20 +1,19 @@
-"""Checkpoints: resolve a local folder or hub id, read and validate the
-config (before any weight is read), and stream safetensors tensors."""
+"""The generic loader: a checkpoint's files (local or hub; safetensors only), its config
+checked before any weight is read, its model built and filled by its name mapping."""
 from __future__ import annotations
 
 import glob
 import json
-import logging
 import os
 
+import torch
+
+from engine.distributed import SINGLE, TPGroup
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.model.llama import ModelSpec
+from engine.model import registry
+from engine.model.spec import ModelSpec
+from engine.quant import quant_from_config
 
-log = logging.getLogger(__name__)
-
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
-SUPPORTED_ROPE_TYPES = {"default", "linear", "llama3"}
-AWQ_GROUP_SIZES = (32, 64, 128)
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 
 
@@ -31,101 +30,6 @@ def resolve_model_path(model: str, revision: str | None = None) -> str:
         return snapshot_download(model, revision=revision, allow_patterns=HUB_PATTERNS, token=os.environ.get("HF_TOKEN"))
     except Exception as exc:  # noqa: BLE001 - reported with its cause
         raise ModelLoadError(f"model {model!r} could not be fetched from the hub: {exc}") from exc
-
-
-def _rope(cfg) -> tuple[float, dict | None]:
-    """rope theta and scaling from transformers 5 (rope_parameters) or 4 (rope_theta/rope_scaling)."""
-    params = getattr(cfg, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        scaling = dict(params)
-        theta = float(scaling.pop("rope_theta"))
-        return theta, scaling
-    theta = float(getattr(cfg, "rope_theta", 10000.0))
-    scaling = getattr(cfg, "rope_scaling", None)
-    if scaling:
-        scaling = dict(scaling)
-        scaling.setdefault("rope_type", scaling.get("type", "default"))
-    return theta, scaling or None
-
-
-def _quant_group_size(cfg) -> tuple[int | None, tuple[str, ...]]:
-    q = getattr(cfg, "quantization_config", None)
-    if not q:
-        return None, ()
-    q = q if isinstance(q, dict) else q.to_dict()
-    method = str(q.get("quant_method", "")).lower()
-    if method != "awq":
-        raise UnsupportedModelError(f"quantization method {method!r} is not supported (only AWQ)")
-    bits, group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
-    version = str(q.get("version", "gemm")).lower()
-    if bits != 4:
-        raise UnsupportedModelError(f"AWQ with {bits} bits is not supported (only 4)")
-    if group not in AWQ_GROUP_SIZES:
-        raise UnsupportedModelError(f"AWQ group size {group} is not supported ({AWQ_GROUP_SIZES})")
-    if version != "gemm":
-        raise UnsupportedModelError(f"AWQ version {version!r} is not supported (only GEMM)")
-    if not q.get("zero_point", True):
-        raise UnsupportedModelError("AWQ without zero point is not supported")
-    return int(group), tuple(q.get("modules_to_not_convert") or ())
-
-
-def read_model_spec(path: str, max_model_len: int | None = None, quantization: str | None = None) -> ModelSpec:
-    """Validate the checkpoint's config; raises UnsupportedModelError naming what is unsupported."""
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"config.json at {path!r} could not be read: {exc}") from exc
-    archs = list(getattr(cfg, "architectures", None) or [])
-    if not archs or archs[0] not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {archs[0] if archs else None!r} is not supported ({sorted(SUPPORTED_ARCHITECTURES)})"
-        )
-    theta, scaling = _rope(cfg)
-    rope_type = (scaling or {}).get("rope_type", "default")
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(f"rope scaling {rope_type!r} is not supported ({sorted(SUPPORTED_ROPE_TYPES)})")
-    if scaling and rope_type == "default" and len(scaling) > 1:
-        scaling = None
-    max_pos = int(getattr(cfg, "max_position_embeddings", 4096))
-    want_len = max_model_len or max_pos
-    window = getattr(cfg, "sliding_window", None)
-    if archs[0] == "Qwen2ForCausalLM" and not getattr(cfg, "use_sliding_window", False):
-        window = None
-    if window is not None and window < want_len:
-        raise UnsupportedModelError(
-            f"sliding window {window} is shorter than max_model_len {want_len}; sliding-window attention is not supported"
-        )
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise UnsupportedModelError(f"activation {cfg.hidden_act!r} is not supported (silu)")
-    group, skip = _quant_group_size(cfg)
-    if quantization == "awq" and group is None:
-        raise UnsupportedModelError("QUANTIZATION=awq but the checkpoint has no AWQ quantization_config")
-    if quantization == "none" and group is not None:
-        raise UnsupportedModelError("quantization 'none' asked, but the checkpoint is AWQ-quantized")
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return ModelSpec(
-        architecture=archs[0],
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_layers=cfg.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(cfg.rms_norm_eps),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        attention_bias=archs[0] == "Qwen2ForCausalLM" or bool(getattr(cfg, "attention_bias", False)),
-        mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-        quant_group_size=group,
-        modules_not_quantized=skip,
-        eos_token_id=getattr(cfg, "eos_token_id", None),
-    )
 
 
 def safetensors_files(path: str) -> list[str]:
@@ -153,6 +57,7 @@ def safetensors_files(path: str) -> list[str]:
 
 
 def iter_weights(files: list[str], device: str = "cpu"):
+    """(name, tensor) of every tensor of the files, one file open at a time."""
     from safetensors import safe_open
 
     for file in files:
@@ -167,6 +72,7 @@ def iter_weights(files: list[str], device: str = "cpu"):
 
 
 def eos_token_ids(path: str, cfg_eos, tokenizer) -> set[int]:
+    """The ids that end generation: config.json's, the tokenizer's, generation_config.json's."""
     ids: set[int] = set()
     for value in (cfg_eos, getattr(tokenizer, "eos_token_id", None)):
         if isinstance(value, int):
@@ -182,3 +88,106 @@ def eos_token_ids(path: str, cfg_eos, tokenizer) -> set[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return ids
+
+
+def read_model_spec(path: str, max_model_len: int | None = None, quantization: str | None = None) -> ModelSpec:
+    """Validate the checkpoint's config; raises UnsupportedModelError naming what is unsupported."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"config.json at {path!r} could not be read: {exc}") from exc
+    archs = list(getattr(cfg, "architectures", None) or [])
+    spec = registry.model_class(archs[0] if archs else None).spec_from_config(cfg)
+    want_len = max_model_len or spec.max_position_embeddings
+    if spec.sliding_window is not None and spec.sliding_window < want_len:
+        raise UnsupportedModelError(f"sliding window {spec.sliding_window} is shorter than max_model_len {want_len}; "
+                                    "sliding-window attention is not supported")
+    spec.quant = quant_from_config(cfg, quantization)
+    return spec
+
+
+def load_model(spec: ModelSpec, path: str, dtype, device, *, max_positions: int, load_format: str, seed: int,
+               tp: TPGroup = SINGLE, wrap_weights=None, name: str | None = None):
+    """The eval-mode model of `spec` (this rank's shard under tensor parallelism):
+    random weights of the real shapes (load_format "dummy") or the checkpoint's
+    safetensors at `path`, streamed through `wrap_weights` when given (the fault
+    injector's hook). ModelLoadError, naming `name` (default: path), when they do not fit."""
+    cls = registry.model_class(spec.architecture)
+    torch.manual_seed(seed)
+    try:
+        model = cls(spec, dtype, device, max_positions=max_positions, tp=tp)
+        if load_format == "dummy":
+            fill_dummy_weights(model, seed)
+        else:
+            weights = iter_weights(safetensors_files(path), "cpu")
+            load_weights(model, wrap_weights(weights) if wrap_weights else weights)
+    except ModelLoadError:
+        raise
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ModelLoadError(f"weights of {name or path!r} could not be loaded: {exc}") from exc
+    return model.eval()
+
+
+def loadable_modules(model) -> dict:
+    """The modules that load their own tensors: load(shard, name, tensor), expected(), loaded, finalize()."""
+    return {n: m for n, m in model.named_modules() if hasattr(m, "expected") and hasattr(m, "load")}
+
+
+def load_weights(model, weights) -> None:
+    """weights: iterable of (checkpoint name, tensor). Each goes where the model's
+    checkpoint_name and packed_modules_mapping put it: into a loadable module (a merged
+    shard of a linear, this rank's part) or a parameter of its own (copied). Every
+    parameter must be filled and every checkpoint tensor used; otherwise ValueError."""
+    modules = loadable_modules(model)
+    params = {n: p for n, p in model.named_parameters() if n.rpartition(".")[0] not in modules}
+    filled = set()
+    for ckpt_name, tensor in weights:
+        key = model.checkpoint_name(ckpt_name)
+        if key is None:
+            continue
+        if key in params:
+            if params[key].shape != tensor.shape:
+                raise ValueError(f"{ckpt_name}: checkpoint shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(params[key].shape)}")
+            params[key].data.copy_(tensor)
+            filled.add(key)
+            continue
+        module, _, param = key.rpartition(".")
+        parent, _, proj = module.rpartition(".")
+        target, shard = model.packed_modules_mapping.get(proj, (proj, 0))
+        owner = modules.get(f"{parent}.{target}" if parent else target)
+        if owner is None:
+            raise ValueError(f"checkpoint tensor {ckpt_name} has no place in the model")
+        owner.load(shard, param, tensor)
+    missing = [f"{n} {e}" for n, m in modules.items() for e in sorted(m.expected() - m.loaded)]
+    missing += [n for n in params if n not in filled]
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    for m in modules.values():
+        m.finalize()
+
+
+@torch.no_grad()
+def fill_dummy_weights(model, seed: int = 0) -> None:
+    """Random weights of the real shapes, made on the model's device from a seed:
+    packed integers random bits, quantization scales small and positive, norms one."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kept = set(model.state_dict(keep_vars=True))  # not the buffers computed at build (the rope cache)
+    buffers = {n for n, _ in model.named_buffers()}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name not in kept:
+            continue
+        if not t.is_floating_point():
+            t.copy_(torch.randint(-(2**31), 2**31 - 1, t.shape, generator=gen, device=t.device, dtype=t.dtype))
+        elif name in buffers:
+            t.uniform_(0.001, 0.004, generator=gen)
+        elif "norm" in name:
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+    del t  # no reference past the layers' own: finalize frees each checkpoint copy it repacks at once
+    for m in loadable_modules(model).values():
+        m.finalize()

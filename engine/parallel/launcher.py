@@ -1,7 +1,5 @@
-"""Rank 0's side of tensor parallelism: checks the model splits evenly, spawns
-ranks 1..tp-1 (one process each, torch.multiprocessing spawn), joins the group
-with them (NCCL on CUDA, gloo on the CPU), and talks to them through pipes;
-close() (or garbage collection, or interpreter exit) stops them."""
+"""Rank 0's side of tensor parallelism: checks the model splits evenly, spawns ranks
+1..tp-1, joins the group with them (NCCL on CUDA, gloo on the CPU), talks through pipes."""
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +12,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from engine.distributed import TPGroup
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.parallel.group import TPGroup
+from engine.model.registry import model_class
 from engine.parallel.worker import WorkerArgs, worker_main
 
 log = logging.getLogger(__name__)
@@ -25,8 +24,8 @@ TIMEOUT_S = 600.0  # a collective waiting this long for a rank fails (NCCL: the 
 
 def check_shardable(spec, size: int) -> None:
     """Raises UnsupportedModelError, naming the numbers, when the model does not
-    split into `size` equal shards (heads, KV heads, MLP, AWQ packing and groups)."""
-    from engine.model.llama import is_quantized
+    split into `size` equal shards (its architecture's counts and split linears,
+    with the units its quantization method packs them in)."""
 
     def need(n: int, what: str, unit: int = 1, why: str = ""):
         if n % (size * unit):
@@ -35,23 +34,18 @@ def check_shardable(spec, size: int) -> None:
                 f"tensor_parallel_size={size} does not divide {what}={n}{per}"
                 + ("; KV heads are not replicated across ranks" if what == "num_key_value_heads" else ""))
 
-    need(spec.num_heads, "num_attention_heads")
-    need(spec.num_kv_heads, "num_key_value_heads")
-    need(spec.intermediate_size, "intermediate_size")
-    g = spec.quant_group_size
-    hd, layer = spec.head_dim, "model.layers.0."
-    for name, n, unit in (
-        ("self_attn.q_proj", spec.num_heads * hd, 8), ("self_attn.k_proj", spec.num_kv_heads * hd, 8),
-        ("mlp.gate_proj", spec.intermediate_size, 8),  # column-split: output features, packed 8 per int32
-        ("self_attn.o_proj", spec.num_heads * hd, g), ("mlp.down_proj", spec.intermediate_size, g),  # row-split: K
-    ):
-        if is_quantized(spec, layer + name):
-            why = ", must be a multiple of 8 (AWQ packing)" if unit == 8 else f", must be whole AWQ groups of {g}"
-            need(n, f"{name.split('.')[1]} {'output' if unit == 8 else 'input'} features", unit, why)
+    counts, splits = model_class(spec.architecture).tp_rules(spec)
+    for what, n in counts:
+        need(n, what)
+    for name, features, split in splits:
+        if spec.quant is not None and spec.quant.covers(name):
+            unit, why = spec.quant.tp_unit(split)
+            need(features, f"{name.rsplit('.', 1)[1]} {'output' if split == 'column' else 'input'} features", unit, why)
 
 
 class TPWorkers:
-    """Ranks 1..size-1, started and joined into the default process group."""
+    """Ranks 1..size-1 (one process each, torch.multiprocessing spawn), started and joined
+    into the default process group; close() (or garbage collection, or interpreter exit) stops them."""
 
     def __init__(self, size: int, device: str):
         self.size, self.device = size, device

@@ -1,7 +1,5 @@
-"""Rank 0's ModelRunner under tensor parallelism: the engine's runner interface
-over a local engine.runner.ModelRunner on rank 0's shard; whatever runs the model
-(steps, KV cache allocation, profiling, CUDA graph capture) is sent to the other
-ranks first, so every rank runs it at once and the collectives pair up."""
+"""Rank 0's ModelRunner under tensor parallelism: a local ModelRunner on rank 0's
+shard; whatever runs the model is sent to the other ranks first, so the collectives pair up."""
 from __future__ import annotations
 
 import torch
@@ -12,6 +10,9 @@ from engine.runner import ModelRunner
 
 
 class TPModelRunner:
+    """The engine's runner interface over engine.runner.ModelRunner; steps, KV cache
+    allocation, profiling and CUDA graph capture run on every rank at once."""
+
     def __init__(self, workers, model, block_size: int, dtype, device, **kwargs):
         self.workers = workers
         self.encoder = StepEncoder()
@@ -49,11 +50,8 @@ class TPModelRunner:
 
     def capture_graphs(self, max_batch: int):
         """Each rank captures its decode graphs (NCCL collectives inside), in the same order."""
-        from engine.cuda_graph import DecodeGraphs
-
         self.workers.send("graphs", max_batch)
-        self.local.graphs = DecodeGraphs(self.local, max_batch)
-        self.local.graphs.capture()
+        self.local.capture_graphs(max_batch)
         self.workers.gather()
 
     def execute(self, scheduled, **kwargs) -> torch.Tensor:

@@ -1,6 +1,5 @@
-"""A tensor-parallel worker process (ranks 1..tp-1): joins the group, loads its
-shard of the model, then runs what rank 0 sends through its pipe: building its
-ModelRunner, calls made on every rank (KV cache, profiling, CUDA graphs) and steps."""
+"""A tensor-parallel worker process (ranks 1..tp-1): joins the group, loads its shard,
+then runs what rank 0 sends through its pipe (its ModelRunner, calls on every rank, steps)."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +11,8 @@ from datetime import timedelta
 
 import torch
 
+from engine.model.spec import ModelSpec
+
 log = logging.getLogger(__name__)
 
 
@@ -22,7 +23,7 @@ class WorkerArgs:
     port: int  # rank 0's TCPStore
     backend: str  # "nccl" | "gloo"
     device: str  # "cpu" or "cuda"; rank r runs on cuda:r
-    spec: object  # engine.model.llama.ModelSpec of the whole model
+    spec: ModelSpec  # of the whole model
     model_path: str
     dtype: torch.dtype
     max_positions: int
@@ -35,27 +36,14 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank}" if device.startswith("cuda") else device
 
 
-def load_model(spec, path: str, dtype, device: str, max_positions: int, load_format: str, seed: int, tp):
-    """This rank's shard of the model with its weights (the engine's loading, per rank)."""
-    from engine.model import loader
-    from engine.model.llama import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(spec, dtype, device, max_positions=max_positions, tp=tp)
-    if load_format == "dummy":
-        model.init_dummy_weights(seed)
-    else:
-        model.load_weights(loader.iter_weights(loader.safetensors_files(path), "cpu"))
-    return model.eval()
-
-
 def worker_main(args: WorkerArgs, conn) -> None:
     """Entry point of the spawned process. Any failure is reported through the pipe
     and ends the process (the group's other ranks then fail their collectives)."""
     try:
         import torch.distributed as dist
 
-        from engine.parallel.group import TPGroup
+        from engine.distributed import TPGroup
+        from engine.model.loader import load_model
 
         device = rank_device(args.device, args.rank)
         if device.startswith("cuda"):
@@ -67,8 +55,8 @@ def worker_main(args: WorkerArgs, conn) -> None:
         store = dist.TCPStore("127.0.0.1", args.port, args.size, is_master=False, timeout=timeout)
         dist.init_process_group(args.backend, store=store, rank=args.rank, world_size=args.size, timeout=timeout)
         tp = TPGroup(args.rank, args.size)
-        model = load_model(args.spec, args.model_path, args.dtype, device, args.max_positions, args.load_format,
-                           args.seed, tp)
+        model = load_model(args.spec, args.model_path, args.dtype, device, max_positions=args.max_positions,
+                           load_format=args.load_format, seed=args.seed, tp=tp)
         conn.send(("ready", None))
         _serve(conn, model, device, args)
     except (EOFError, BrokenPipeError):
@@ -104,10 +92,7 @@ def _serve(conn, model, device: str, args: WorkerArgs) -> None:
             name, a, kw = rest
             conn.send(("ok", getattr(runner, name)(*a, **kw)))
         elif op == "graphs":
-            from engine.cuda_graph import DecodeGraphs
-
-            runner.graphs = DecodeGraphs(runner, rest[0])
-            runner.graphs.capture()
+            runner.capture_graphs(rest[0])
             conn.send(("ok", None))
         elif op == "stop":
             return

@@ -99,13 +99,13 @@ def test_dockerignore_keeps_what_the_image_copies(deployfiles, dockerfile, tmp_p
         assert written, stage
     src = tmp_path / "wheel" / "src"
     assert (src / "pyproject.toml").is_file() and (src / "README.md").is_file()  # setuptools reads the readme
-    assert (src / "handler" / "data" / "calibration.txt").is_file()
+    assert (src / "handler" / "prepare" / "data" / "calibration.txt").is_file()
     assert not list(src.rglob("__pycache__")), "bytecode stays out of the context"
     ignore = deployfiles.DockerIgnore.read(REPO / ".dockerignore")
     for left_out in (".git/config", ".venv/bin/python", "tests/deploy/conftest.py", "handler/__pycache__/x.pyc",
                      "runpod_llm_worker.egg-info/PKG-INFO", "build/lib/handler/x.py"):
         assert ignore.ignored(left_out), left_out
-    for kept in ("handler/data/calibration.txt", "engine/model/loader.py", "docker/start.sh", "pyproject.toml"):
+    for kept in ("handler/prepare/data/calibration.txt", "engine/model/loader.py", "docker/start.sh", "pyproject.toml"):
         assert not ignore.ignored(kept), kept
 
 
@@ -187,7 +187,7 @@ def test_hub_presets_name_valid_settings():
 
 # -- .runpod/tests.json -------------------------------------------------------------------
 def test_tests_json_jobs_are_valid_worker_inputs():
-    from handler.schema import parse_job_input
+    from handler.job.schema import parse_job_input
 
     tests = TESTS["tests"]
     names = [t["name"] for t in tests]

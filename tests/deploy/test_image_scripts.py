@@ -153,11 +153,11 @@ def built_wheel(tmp_path_factory):
     deployfiles = load_docker_module("deployfiles")
     root = tmp_path_factory.mktemp("image")
     deployfiles.materialize("wheel", root)
-    (root / "src" / "handler" / "data" / "extra_template.j2").write_text("{{ not packaged }}")
+    (root / "src" / "handler" / "prepare" / "data" / "extra_template.j2").write_text("{{ not packaged }}")
     out = root / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--wheel-dir", str(out), str(root / "src")], check=True)
-    (root / "src" / "handler" / "data" / "extra_template.j2").unlink()
+    (root / "src" / "handler" / "prepare" / "data" / "extra_template.j2").unlink()
     return next(out.glob("runpod_llm_worker-*.whl")), root / "src"
 
 
@@ -174,26 +174,26 @@ def test_the_wheel_holds_every_package_file(built_wheel):
     deployfiles = load_docker_module("deployfiles")
     wheel, src = built_wheel
     assert deployfiles.missing_from_wheel(wheel, src) == []
-    assert "handler/data/calibration.txt" in deployfiles.wheel_files(wheel)
+    assert "handler/prepare/data/calibration.txt" in deployfiles.wheel_files(wheel)
 
 
 def test_the_wheel_check_fails_on_a_file_the_wheel_lacks(built_wheel, tmp_path):
     deployfiles = load_docker_module("deployfiles")
     wheel, src = built_wheel
-    broken = _without(wheel, "handler/data/calibration.txt", tmp_path / wheel.name)
-    assert deployfiles.missing_from_wheel(broken, src) == ["handler/data/calibration.txt"]
+    broken = _without(wheel, "handler/prepare/data/calibration.txt", tmp_path / wheel.name)
+    assert deployfiles.missing_from_wheel(broken, src) == ["handler/prepare/data/calibration.txt"]
     run = subprocess.run([sys.executable, str(REPO / "docker" / "deployfiles.py"), "wheel-check", str(broken), str(src)],
                          capture_output=True, text=True)
-    assert run.returncode == 1 and "handler/data/calibration.txt" in run.stderr
+    assert run.returncode == 1 and "handler/prepare/data/calibration.txt" in run.stderr
 
 
 def test_the_wheel_check_catches_a_file_pyproject_does_not_package(built_wheel, tmp_path):
     """A data file whose suffix package-data does not match is left out of a real build."""
     deployfiles = load_docker_module("deployfiles")
     wheel, src = built_wheel
-    assert "handler/data/extra_template.j2" not in deployfiles.wheel_files(wheel)
-    (src / "handler" / "data" / "extra_template.j2").write_text("{{ x }}")
+    assert "handler/prepare/data/extra_template.j2" not in deployfiles.wheel_files(wheel)
+    (src / "handler" / "prepare" / "data" / "extra_template.j2").write_text("{{ x }}")
     try:
-        assert deployfiles.missing_from_wheel(wheel, src) == ["handler/data/extra_template.j2"]
+        assert deployfiles.missing_from_wheel(wheel, src) == ["handler/prepare/data/extra_template.j2"]
     finally:
-        (src / "handler" / "data" / "extra_template.j2").unlink()
+        (src / "handler" / "prepare" / "data" / "extra_template.j2").unlink()

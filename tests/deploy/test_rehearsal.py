@@ -28,7 +28,7 @@ def wheel_without_calibration(tmp_path_factory) -> Path:
     broken = out / good.name
     with zipfile.ZipFile(good) as src, zipfile.ZipFile(broken, "w", zipfile.ZIP_DEFLATED) as dst:
         for item in src.infolist():
-            if item.filename != "handler/data/calibration.txt":
+            if item.filename != "handler/prepare/data/calibration.txt":
                 dst.writestr(item, src.read(item.filename))
     return broken
 
@@ -42,15 +42,15 @@ def _rehearse(tmp_path, **env) -> subprocess.CompletedProcess:
 def test_rehearsal_fails_its_wheel_check_on_a_missing_package_file(wheel_without_calibration, tmp_path):
     run = _rehearse(tmp_path, REHEARSE_WHEEL=str(wheel_without_calibration))
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "handler/data/calibration.txt" in run.stderr
+    assert "handler/prepare/data/calibration.txt" in run.stderr
     assert "FAILED: the wheel lacks package files" in run.stderr
     assert not (tmp_path / "scratch" / "root" / "models").exists(), "it stops before installing anything"
 
 
 def test_rehearsal_fails_at_the_model_bake_when_the_check_is_skipped(wheel_without_calibration, tmp_path):
     """The installed package really lacks the file: preparing the default model fails."""
-    if not (REPO / "handler" / "default_model.py").is_file():
-        pytest.skip("handler/default_model.py is not there yet")
+    if not (REPO / "handler" / "prepare" / "default_model.py").is_file():
+        pytest.skip("handler/prepare/default_model.py is not there yet")
     run = _rehearse(tmp_path, REHEARSE_WHEEL=str(wheel_without_calibration), REHEARSE_SKIP_WHEEL_CHECK="1",
                     REHEARSE_DEPS_FROM=sysconfig.get_path("purelib"))
     out = run.stdout + run.stderr

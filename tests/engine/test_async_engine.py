@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from engine import AsyncLLMEngine, EngineConfig, SamplingParams
+from engine.detokenizer import Detokenizer
 from engine.errors import KVCapacityError, OutOfMemoryError, PromptTooLongError, RequestFailedError
 
 PROMPTS = ["Meeting notes: the team", "회의록: 오늘", "The quick brown fox", "Action items:", "Paris is"]
@@ -91,19 +92,29 @@ def test_abort_by_id(tiny_llama_dir):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
-def test_failure_in_one_request_fails_only_it(tiny_llama_dir):
+def test_failure_in_one_request_fails_only_it(tiny_llama_dir, monkeypatch):
     async def run():
         engine = make(tiny_llama_dir)
         baseline = await asyncio.gather(*(collect(engine, p, f"b{i}") for i, p in enumerate(PROMPTS)))
 
-        orig = engine.engine._check_finish
+        orig = Detokenizer.update
 
-        def broken(seq, token):
-            if seq.request_id == "f2" and seq.num_output_tokens == 5:
+        def broken(detok, token, num_output_tokens):
+            if detok is failing[0] and num_output_tokens == 5:
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
-            return orig(seq, token)
+            return orig(detok, token, num_output_tokens)
 
-        engine.engine._check_finish = broken
+        failing = [None]
+        add = engine.engine.add_request
+
+        def add_request(request_id, *args, **kwargs):
+            seq = add(request_id, *args, **kwargs)
+            if request_id == "f2":
+                failing[0] = seq.detok
+            return seq
+
+        engine.engine.add_request = add_request
+        monkeypatch.setattr(Detokenizer, "update", broken)
         results = await asyncio.gather(*(collect(engine, p, f"f{i}") for i, p in enumerate(PROMPTS)),
                                        return_exceptions=True)
         stats = engine.stats()

@@ -7,6 +7,8 @@ import torch
 
 import kernels
 from engine import LLM, SamplingParams
+from engine.model.layers import Linear
+from engine.quant import AWQ
 from kernels.awq import pack_awq_int4, unpack_awq_int4
 from tests import models
 
@@ -106,8 +108,8 @@ def test_awq_gemm_path_equals_dense_path(awq_pair, monkeypatch):
     prompt = {"prompt_token_ids": list(range(5, 40))}
     params = SamplingParams(max_tokens=6, temperature=0, logprobs=3, ignore_eos=True)
     dense = llm.generate([prompt], params)[0].outputs[0]
-    for lin in llm.engine.model.linears().values():
-        if hasattr(lin, "dense"):
+    for lin in llm.engine.model.modules():
+        if isinstance(lin, Linear) and isinstance(lin.method, AWQ):
             lin.dense = None
     gemm = llm.generate([prompt], params)[0].outputs[0]
     assert gemm.token_ids == dense.token_ids

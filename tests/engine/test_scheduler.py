@@ -59,3 +59,30 @@ def test_preemption_takes_the_latest_and_puts_it_first_in_line():
     assert [s.request_id for s in sched.waiting] == ["b", "c"]
     assert b.num_computed_tokens == 0 and not b.block_table and b.num_tokens == 9
     assert sched.num_preemptions == 1
+
+
+def test_update_from_output_advances_caches_and_appends():
+    """After a step: computed tokens advance, full blocks enter the prefix cache, a
+    sample appends its token (a chunk that samples nothing, or a NaN sample, appends none)."""
+    from engine.sampler import SampleResult
+
+    bm = BlockManager(16, 4, True)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=6)
+    a, b, c = seq("a", 3), seq("b", 9), seq("c", 2)
+    for s in (a, b, c):
+        sched.add(s)
+    out = sched.schedule()
+    assert [(s.request_id, n) for s, n in out.scheduled] == [("a", 3), ("b", 3)]
+    assert a.first_scheduled_time is not None and c.first_scheduled_time is None
+    sampled = sched.update_from_output(out.scheduled, [SampleResult(11, -0.5, None), None])
+    assert [(s.request_id, r.token_id) for s, r in sampled] == [("a", 11)]
+    assert a.token_ids == [1, 2, 3, 11] and a.cumulative_logprob == -0.5 and a.first_token_time is not None
+    assert b.num_computed_tokens == 3 and b.token_ids == list(range(1, 10)) and b.first_token_time is None
+    assert len(bm.cached) == 0  # no block is full yet
+    out = sched.schedule()
+    sampled = sched.update_from_output(out.scheduled, [SampleResult(-1, 0.0, None, error="nan")
+                                                       if s is a else None for s, _ in out.scheduled])
+    assert [s.request_id for s, _ in sampled] == ["a"] and a.token_ids == [1, 2, 3, 11]
+    assert a.num_computed_tokens == 4 and len(bm.cached) >= 1  # a's first block is full and computed
+    stats = sched.stats()
+    assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_total"]) == (2, 1, 16)

@@ -1,11 +1,7 @@
-"""Tensor parallelism on the CPU: two gloo ranks (rank 1 a spawned process) give
-the greedy tokens and logprobs of tensor_parallel_size=1 on the tiny checkpoints
-(Llama; Qwen2 with biases and tied embeddings; AWQ with a vocabulary that does not
-split evenly) through batching, chunked prefill, preemption and prefix-cache hits.
-Models that do not split are refused before any process starts; workers exit."""
+"""Tensor parallelism on the CPU: two gloo ranks give the tokens and logprobs of one rank (Llama,
+Qwen2, AWQ, uneven vocab) under batching, chunking, preemption; unsplittable models refused first."""
 import dataclasses
 import gc
-import json
 import multiprocessing
 import os
 import random
@@ -19,8 +15,8 @@ from engine import LLM, EngineConfig, SamplingParams
 from engine.errors import InvalidInputError, UnsupportedModelError
 from engine.parallel.launcher import check_shardable
 from engine.parallel.step import StepDecoder, StepEncoder
+from engine.quant import AWQ
 from engine.sequence import Sequence, SequenceStatus
-from kernels.awq import pack_awq_int4
 from tests import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,57 +30,10 @@ def _prompts(seed: int, lengths, prefix: int = 0, vocab: int = 400):
     return [{"prompt_token_ids": shared + [rng.randrange(5, vocab) for _ in range(n)]} for n in lengths]
 
 
-def _llama128(path: str, vocab_size: int) -> str:
-    """Untied Llama, hidden 128: room for AWQ groups of 64 per rank; the vocabulary need not split evenly."""
-    from transformers import AutoModelForCausalLM
-
-    if not os.path.exists(os.path.join(path, "config.json")):
-        cfg = models.tiny_config("llama", vocab_size, hidden_size=128, intermediate_size=256,
-                                 num_attention_heads=4, num_key_value_heads=2)
-        torch.manual_seed(7)
-        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
-        models.make_tokenizer().save_pretrained(path)
-    return path
-
-
-def _round_to_nearest_awq(src: str, dst: str, group: int) -> str:
-    """AutoAWQ GEMM format by plain round-to-nearest per group (no calibration: parity
-    between tensor-parallel sizes needs only the format)."""
-    from safetensors.torch import load_file, save_file
-
-    if os.path.exists(os.path.join(dst, "config.json")):
-        return dst
-    os.makedirs(dst)
-    sd = load_file(os.path.join(src, "model.safetensors"))
-    out = {}
-    for name, t in sd.items():
-        if ".layers." not in name or not name.endswith("proj.weight"):
-            out[name] = t
-            continue
-        w = t.t().float()  # [K, N]
-        K, N = w.shape
-        g = w.reshape(K // group, group, N)
-        lo, hi = g.amin(1), g.amax(1)
-        scale = ((hi - lo) / 15).clamp_min(1e-6)
-        zero = (-lo / scale).round().clamp(0, 15)
-        q = (g / scale[:, None] + zero[:, None]).round().clamp(0, 15).reshape(K, N)
-        base = name[: -len(".weight")]
-        out[base + ".qweight"] = pack_awq_int4(q.to(torch.int32))
-        out[base + ".qzeros"] = pack_awq_int4(zero.to(torch.int32))
-        out[base + ".scales"] = scale.half()
-    save_file(out, os.path.join(dst, "model.safetensors"))
-    cfg = json.load(open(os.path.join(src, "config.json")))
-    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
-                                  "version": "gemm"}
-    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
-    models.make_tokenizer().save_pretrained(dst)
-    return dst
-
-
 @pytest.fixture(scope="module")
 def tiny_awq_dir(ckpt_dir):
-    src = _llama128(str(ckpt_dir / "llama128-v403"), 403)
-    return _round_to_nearest_awq(src, str(ckpt_dir / "llama128-v403-awq-g64"), 64)
+    src = models.llama128(str(ckpt_dir / "llama128-v403"), 403)
+    return models.round_to_nearest_awq(src, str(ckpt_dir / "llama128-v403-awq-g64"), 64)
 
 
 _LIVE: list = []  # the module's shared tensor-parallel engine (one process group per process)
@@ -181,12 +130,11 @@ def test_awq_row_split_needs_whole_groups(tiny_awq_dir):
     spec = loader.read_model_spec(tiny_awq_dir)
     check_shardable(spec, 2)  # groups of 64: o_proj's 128 inputs are one group per rank
     with pytest.raises(UnsupportedModelError, match="o_proj input features=128 .*whole AWQ groups of 128"):
-        check_shardable(dataclasses.replace(spec, quant_group_size=128), 2)
+        check_shardable(dataclasses.replace(spec, quant=AWQ(128)), 2)
     # o_proj kept dense: down_proj's 256 inputs still make one group of 128 per rank
-    check_shardable(dataclasses.replace(spec, quant_group_size=128, modules_not_quantized=("o_proj",)), 2)
+    check_shardable(dataclasses.replace(spec, quant=AWQ(128, skip=("o_proj",))), 2)
     with pytest.raises(UnsupportedModelError, match="down_proj input features=256"):
-        check_shardable(dataclasses.replace(spec, quant_group_size=128, modules_not_quantized=("o_proj",),
-                                            num_kv_heads=4), 4)
+        check_shardable(dataclasses.replace(spec, quant=AWQ(128, skip=("o_proj",)), num_kv_heads=4), 4)
 
 
 def test_workers_exit_on_close_and_on_collection_and_a_lost_rank_fails_the_step(tiny_llama_dir):
@@ -248,8 +196,8 @@ def sharded_linears_recombine(device: str, in_features: int, sizes: list[int], g
     checkpoint tensors, run on their part of the input; the outputs put back together (column:
     side by side per merged shard; row: summed, as the all-reduce does) against the whole layer.
     Returns the largest difference relative to the output's scale."""
-    from engine.model.layers import AWQLinear, Linear
-    from engine.parallel.group import SINGLE, TPGroup
+    from engine.distributed import SINGLE, TPGroup
+    from engine.model.layers import Linear
 
     g = torch.Generator().manual_seed(sum(sizes) + in_features)
     K = in_features
@@ -265,8 +213,7 @@ def sharded_linears_recombine(device: str, in_features: int, sizes: list[int], g
         tensors.append(t)
 
     def build(tp, split):
-        lin = (AWQLinear(K, sizes, bias, group, torch.float32, device, tp, split) if group
-               else Linear(K, sizes, bias, torch.float32, device, tp, split))
+        lin = Linear(K, sizes, bias, torch.float32, device, tp, split, method=AWQ(group) if group else None)
         for shard, t in enumerate(tensors):
             for name, value in t.items():
                 lin.load(shard, name, value)

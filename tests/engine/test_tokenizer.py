@@ -3,7 +3,7 @@ tokenizer never emits a broken character, and the pieces join to the text."""
 import asyncio
 
 from engine import AsyncLLMEngine, EngineConfig, SamplingParams
-from engine.tokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer
 from tests import models
 
 KOREAN = "회의록: 오늘 회의에서 예산과 일정을 논의했습니다. 다음 주 금요일까지 보고서를 제출합니다! 東京"

@@ -119,10 +119,10 @@ def test_kv_sized_from_profile_within_utilization(ckpt):
         llm = LLM(ckpt, device="cuda", dtype="bfloat16", gpu_memory_utilization=util, max_num_seqs=32)
         eng = llm.engine
         frac = eng.stats()["gpu_memory_fraction"]
-        print(f"util {util:.3f}: {eng.block_manager.num_blocks} blocks, in use {frac:.3f}, {eng.memory}")
+        print(f"util {util:.3f}: {eng.stats()['kv_blocks_total']} blocks, in use {frac:.3f}, {eng.memory}")
         assert util - 0.03 <= frac <= util + 0.005, (util, frac)
         assert eng.memory["activation_peak_bytes"] > 0
-        blocks[util] = eng.block_manager.num_blocks
+        blocks[util] = eng.stats()["kv_blocks_total"]
         res = llm.generate(_prompts(4), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         assert all(len(r.outputs[0].token_ids) == 8 for r in res)
         del eng, llm
@@ -163,6 +163,7 @@ def test_out_of_memory_fails_alone_and_engine_recovers(tmp_path):
         while eng.has_unfinished_requests():
             after += [o for o in eng.step() if o.finished]
         assert after[0].error is None and len(after[0].outputs[0].token_ids) == 6
-        assert eng.num_failed_oom >= 0 and eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+        stats = eng.stats()
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)

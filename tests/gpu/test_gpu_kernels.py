@@ -82,8 +82,8 @@ def test_decode_attention_every_config(hq, hkv, d, gen):
     q = _rand((batch, hq, d), torch.bfloat16, gen)
     ref = att.paged_decode_attention_reference(q.float(), k.float(), v.float(), bt, lens, d**-0.5)
     errs = {}
-    for cfg in att._DECODE_CONFIGS:
-        out = att._decode_triton(q, k, v, bt, lens, d**-0.5, config=cfg)
+    for cfg in att.DECODE_CONFIGS:
+        out = att.decode_triton(q, k, v, bt, lens, d**-0.5, config=cfg)
         errs[cfg] = rel_err(out, ref)
     print("decode rel err by config:", {str(c): round(e, 5) for c, e in errs.items()})
     bad = {c: e for c, e in errs.items() if not e < TOL[torch.bfloat16]}
@@ -141,7 +141,7 @@ def _awq(K, N, G, dtype, gen):
 def test_awq_gemm_every_config(K, N, M, gen):
     """Each candidate the autotuner may pick (inline-PTX, plain-Triton,
     split-K in one launch, wgmma tiles, dense), and the public call, are right."""
-    from kernels import awq, awq_ckpt
+    from kernels import awq, awq_ckpt, awq_configs
 
     if N == 37888 and M not in (1, 16, 64):
         pytest.skip("the widest layer: decode sizes only")
@@ -149,40 +149,40 @@ def test_awq_gemm_every_config(K, N, M, gen):
     qw, qz, s = _awq(K, N, 128, dtype, gen)
     x = _rand((M, K), dtype, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
-    for cfg in awq_ckpt._gemm_configs(M, dtype, x.device):
-        if awq_ckpt._fits(M, N, K, 128, cfg, x.device):
-            check(awq_ckpt._launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {cfg}")
+    for cfg in awq_configs.ckpt_configs(M, dtype, x.device):
+        if awq_ckpt.fits(M, N, K, 128, cfg, x.device):
+            check(awq_ckpt.launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {cfg}")
     check(awq.awq_gemm(x, qw, qz, s, 128), ref, dtype, "awq_gemm")
 
 
 @pytest.mark.parametrize("dtype,M", [(torch.float32, 8), (torch.float32, 100), (torch.float16, 4), (torch.float16, 48)])
 def test_awq_gemm_float32_float16(dtype, M, gen):
-    from kernels import awq, awq_ckpt
+    from kernels import awq, awq_ckpt, awq_configs
 
     qw, qz, s = _awq(3584, 512, 128, dtype, gen)
     x = _rand((M, 3584), dtype, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
-    for cfg in awq_ckpt._gemm_configs(M, dtype, x.device)[:2]:  # fp16: the plain-Triton and the inline-PTX one
-        check(awq_ckpt._launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {dtype} {cfg}")
+    for cfg in awq_configs.ckpt_configs(M, dtype, x.device)[:2]:  # fp16: the plain-Triton and the inline-PTX one
+        check(awq_ckpt.launch(x, qw, qz, s, 128, cfg), ref, dtype, f"awq {dtype} {cfg}")
     if dtype == torch.float32:
         check(awq.awq_gemm(x, qw, qz, s, 128), ref, dtype, f"awq {dtype}")
 
 
 @pytest.mark.parametrize("G", [32, 64, 256])
 def test_awq_gemm_group_sizes(G, gen):
-    from kernels import awq, awq_ckpt
+    from kernels import awq, awq_ckpt, awq_configs
 
     qw, qz, s = _awq(2048, 1024, G, torch.bfloat16, gen)
     x = _rand((5, 2048), torch.bfloat16, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, G)
-    for cfg in awq_ckpt._gemm_configs(5, torch.bfloat16, x.device)[:2]:
-        check(awq_ckpt._launch(x, qw, qz, s, G, cfg), ref, torch.bfloat16, f"G={G} {cfg}")
+    for cfg in awq_configs.ckpt_configs(5, torch.bfloat16, x.device)[:2]:
+        check(awq_ckpt.launch(x, qw, qz, s, G, cfg), ref, torch.bfloat16, f"G={G} {cfg}")
 
 
 def test_awq_split_k_deterministic_and_in_cuda_graph(gen):
     """The split-K partials are summed in a fixed order (same bits every call),
     and the arrival counters reset, so graph replays with new inputs stay right."""
-    from kernels import awq, awq_ckpt
+    from kernels import awq, awq_configs
 
     K, N, M = 18944, 3584, 4
     qw, qz, s = _awq(K, N, 128, torch.bfloat16, gen)
@@ -190,7 +190,7 @@ def test_awq_split_k_deterministic_and_in_cuda_graph(gen):
     a = awq.awq_gemm(x, qw, qz, s, 128)
     b = awq.awq_gemm(x, qw, qz, s, 128)
     assert torch.equal(a, b)
-    cfg = awq_ckpt.chosen_config(M, N, K, 128, torch.bfloat16)
+    cfg = awq_configs.chosen_config(awq_configs.CKPT, M, N, K, 128, torch.bfloat16)
     assert cfg is not None
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -207,12 +207,11 @@ def test_awq_prepare_and_linear(gen):
 
     qw, qz, s = _awq(3584, 4608, 128, torch.bfloat16, gen)
     p = awq.awq_prepare(qw, qz, s, 128)
-    pd = awq.awq_prepare(qw, qz, s, 128, keep_dense=True)
+    assert p.qk is not None  # on CUDA the engine's layers run the K-packed kernel
     for M in (1, 16, 600):
         x = _rand((2, M, 3584), torch.bfloat16, gen)
         ref = awq.awq_gemm_reference(x.view(-1, 3584), qw, qz, s, 128).view(2, M, 4608)
         check(awq.awq_linear(x, p), ref, torch.bfloat16, "awq_linear")
-        check(awq.awq_linear(x, pd), ref, torch.bfloat16, "awq_linear dense")
 
 
 @pytest.mark.parametrize("K,N", [(3584, 4608), (18944, 3584), (3584, 37888)])
@@ -220,7 +219,7 @@ def test_awq_prepare_and_linear(gen):
 def test_kpack_every_config(K, N, M, gen):
     """The K-packed kernel the engine runs on CUDA: each candidate config, and
     the tuned public call, against the checkpoint-format reference in float32."""
-    from kernels import awq, awq_kpack
+    from kernels import awq, awq_configs, awq_kpack
 
     if N == 37888 and M not in (1, 16, 50):
         pytest.skip("the widest layer: decode sizes only")
@@ -229,26 +228,26 @@ def test_kpack_every_config(K, N, M, gen):
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, 128)
     x = _rand((M, K), dtype, gen)
     ref = awq.awq_gemm_reference(x, qw, qz, s, 128)
-    for cfg in awq_kpack.configs(M, dtype, x.device):
+    for cfg in awq_configs.kpack_configs(M, dtype, x.device):
         check(awq_kpack.launch(x, qk, z8, s, 128, cfg), ref, dtype, f"kpack {cfg}")
-    check(awq_kpack.kpack_gemm(x, qk, z8, s, 128), ref, dtype, "kpack_gemm")
+    check(awq_configs.kpack_gemm(x, qk, z8, s, 128), ref, dtype, "kpack_gemm")
 
 
 @pytest.mark.parametrize("G", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_kpack_group_sizes_and_dtypes(G, dtype, gen):
-    from kernels import awq, awq_kpack
+    from kernels import awq, awq_configs, awq_kpack
 
     qw, qz, s = _awq(2048, 1024, G, torch.float16, gen)
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
     x = _rand((7, 2048), dtype, gen)
     ref = awq.awq_gemm_reference(x.float(), qw, qz, s.float(), G)
-    for cfg in awq_kpack.configs(7, dtype, x.device)[:3]:
+    for cfg in awq_configs.kpack_configs(7, dtype, x.device)[:3]:
         check(awq_kpack.launch(x, qk, z8, s, G, cfg), ref, dtype, f"kpack G={G} {dtype} {cfg}")
 
 
 def test_kpack_stream_k_deterministic_and_in_cuda_graph(gen):
-    from kernels import awq, awq_kpack
+    from kernels import awq, awq_configs, awq_kpack
 
     K, N, M = 18944, 3584, 4
     qw, qz, s = _awq(K, N, 128, torch.bfloat16, gen)
@@ -258,11 +257,11 @@ def test_kpack_stream_k_deterministic_and_in_cuda_graph(gen):
     a = awq_kpack.launch(x, qk, z8, s, 128, split)
     b = awq_kpack.launch(x, qk, z8, s, 128, split)
     assert torch.equal(a, b)
-    awq_kpack.kpack_gemm(x, qk, z8, s, 128)  # tune outside the capture
+    awq_configs.kpack_gemm(x, qk, z8, s, 128)  # tune outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = awq_kpack.kpack_gemm(x, qk, z8, s, 128)
+        out = awq_configs.kpack_gemm(x, qk, z8, s, 128)
         out2 = awq_kpack.launch(x, qk, z8, s, 128, split)
     for _ in range(3):
         x.copy_(_rand((M, K), torch.bfloat16, gen))

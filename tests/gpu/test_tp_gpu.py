@@ -1,10 +1,5 @@
-"""Tensor parallelism on 2 GPUs (NCCL, rank r on cuda:r): tensor_parallel_size=2
-gives the greedy tokens and logprobs of tensor_parallel_size=1 in float32, with
-CUDA graphs and eager, dense and AWQ (the Triton GEMM on each rank's slice), KV
-sized from memory (profiling on every rank); workers exit on close. Skipped with
-fewer than 2 GPUs; the sharded AWQ and dense linears of real shapes (each rank's
-slice through the CUDA kernels, put back together) need only one.
-Run: python -m pytest -q tests/gpu/test_tp_gpu.py"""
+"""Tensor parallelism on 2 GPUs (NCCL, rank r on cuda:r): tp=2 gives tp=1's tokens and logprobs (CUDA graphs,
+eager, dense, AWQ); sharded linears of real shapes need one GPU. Run: pytest -q tests/gpu/test_tp_gpu.py"""
 import os
 import random
 
@@ -15,7 +10,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast on the len
 
 from engine import LLM, SamplingParams  # noqa: E402
 from tests import models  # noqa: E402
-from tests.engine.test_tensor_parallel import _llama128, _round_to_nearest_awq, sharded_linears_recombine  # noqa: E402
+from tests.engine.test_tensor_parallel import sharded_linears_recombine  # noqa: E402
 
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 QWEN25_7B_LINEARS = [  # (in_features, merged output sizes, split): qkv, o, gate_up, down
@@ -27,12 +22,12 @@ PARAMS = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp-gpu")
-    dense = _llama128(str(root / "llama128-v403"), 403)
+    dense = models.llama128(str(root / "llama128-v403"), 403)
     return {
         "qwen2": models.make_checkpoint(str(root / "qwen2"), "qwen2", seed=1, hidden_size=256, intermediate_size=512,
                                         num_attention_heads=8, num_key_value_heads=2),
         "llama": dense,
-        "awq": _round_to_nearest_awq(dense, str(root / "llama128-awq-g64"), 64),
+        "awq": models.round_to_nearest_awq(dense, str(root / "llama128-awq-g64"), 64),
     }
 
 

@@ -13,15 +13,8 @@ import pytest
 from handler.local import run_job
 from tests.fakes.runpod_rest_api import FakeRestAPI
 from tests.handler.conftest import assert_free, error_of, settings_for, text_of
-from tests.handler.test_summarize_cli import (  # noqa: F401 - local_env is a fixture
-    ENV,
-    by_doc,
-    check_line,
-    local_env,
-    make_notes,
-    read_lines,
-    summarize,
-)
+from tests.handler.summarize.conftest import local_env  # noqa: F401 - a fixture
+from tests.handler.summarize.notes import ENV, by_doc, check_line, make_notes, read_lines, summarize
 
 LONG = {"max_tokens": 60, "ignore_eos": True, "temperature": 0}
 

@@ -20,13 +20,19 @@ def test_store_and_return():
     asyncio.run(main())
 
 
+async def owner_and_waiter() -> tuple[ResultCache, asyncio.Future]:
+    """A cache whose request "r" is claimed (running), and a duplicate claim waiting on it."""
+    c = ResultCache(4, 60)
+    assert await c.claim("r", "fp") is None
+    waiter = asyncio.ensure_future(c.claim("r", "fp"))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    return c, waiter
+
+
 def test_a_duplicate_waits_for_the_running_one():
     async def main():
-        c = ResultCache(4, 60)
-        assert await c.claim("r", "fp") is None
-        waiter = asyncio.ensure_future(c.claim("r", "fp"))
-        await asyncio.sleep(0.01)
-        assert not waiter.done()
+        c, waiter = await owner_and_waiter()
         c.store("r", ["done"])
         assert await waiter == ["done"]
 
@@ -35,10 +41,7 @@ def test_a_duplicate_waits_for_the_running_one():
 
 def test_a_failed_owner_lets_the_duplicate_compute():
     async def main():
-        c = ResultCache(4, 60)
-        assert await c.claim("r", "fp") is None
-        waiter = asyncio.ensure_future(c.claim("r", "fp"))
-        await asyncio.sleep(0.01)
+        c, waiter = await owner_and_waiter()
         c.release("r")
         assert await waiter is None  # it owns the id now
 

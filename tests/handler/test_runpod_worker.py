@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from handler.openai_routes import parse_sse
+from handler.routes.openai import parse_sse
 from tests.fakes.runpod_control_plane import FakeControlPlane
 from tests.fakes.worker_process import WorkerProcess
 

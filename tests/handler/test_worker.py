@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from handler.openai_routes import parse_sse
+from handler.routes.openai import parse_sse
 from handler.engine_setup import build_engine
 from handler.worker import Worker
 from tests.handler.conftest import assert_free, error_of, run, settings_for, text_of
@@ -20,8 +20,9 @@ SURE = {"sampling_params": {"ignore_eos": True}}  # random weights may sample EO
 
 
 def test_importing_handler_loads_nothing():
-    code = ("import sys, handler, handler.settings, handler.schema, handler.errors, handler.summarize_core; "
-            "print(sorted(m for m in ('torch', 'engine', 'runpod', 'transformers') if m in sys.modules))")
+    code = ("import sys, handler, handler.settings, handler.job.schema, handler.errors, handler.summarize.core, "
+            "handler.worker; print(sorted(m for m in ('torch', 'engine.llm_engine', 'runpod', 'transformers') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -307,13 +308,13 @@ def test_concurrency_follows_the_free_kv_blocks(loop, make_worker):
     assert w.concurrency_modifier(1) == 3
 
     class Busy:  # the engine short of blocks while jobs run: drop, so the SDK takes no more
-        max_model_len, kv_capacity_tokens = 256, 1024
+        max_model_len, kv_capacity_tokens, max_request_tokens = 256, 1024, 256
 
         def stats(self):
             return {"kv_blocks_free": 4, "kv_blocks_total": 64, "kv_block_size": 16, "num_waiting": 2,
                     "num_running": 5}
 
-    w.engine, w.in_flight = Busy(), 5
+    w.loader.engine, w.in_flight = Busy(), 5
     w.settings = settings_for("x", MAX_CONCURRENCY=30, JOB_KV_TOKENS=64)
     assert w.concurrency_modifier(16) == 6
 
@@ -338,14 +339,14 @@ def test_summarize_maps_and_reduces_a_long_document(loop, make_worker):
 def test_no_model_name_serves_the_default_model_prepared_lazily(loop, tiny_llama_dir, monkeypatch, tmp_path):
     import types
 
-    import handler
+    import handler.prepare
 
     calls = []
-    fake = types.ModuleType("handler.default_model")
+    fake = types.ModuleType("handler.prepare.default_model")
     fake.ensure_default_model = lambda base_path=None, on_progress=None: calls.append(base_path) or tiny_llama_dir
     fake.SUMMARIZE_SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.3, "max_tokens": 5}
-    monkeypatch.setitem(sys.modules, "handler.default_model", fake)
-    monkeypatch.setattr(handler, "default_model", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "handler.prepare.default_model", fake)
+    monkeypatch.setattr(handler.prepare, "default_model", fake, raising=False)
     settings = settings_for("", BASE_PATH=str(tmp_path))
     assert settings.model_name is None
     w = Worker(settings)
@@ -354,7 +355,7 @@ def test_no_model_name_serves_the_default_model_prepared_lazily(loop, tiny_llama
     assert r["output"][0]["data"][0]["id"] == "SmolLM2-135M-Instruct-AWQ" and calls == []
     assert run(loop, w, {"prompt": "Hi", **SURE})["status"] == "COMPLETED"
     assert calls == [str(tmp_path)]
-    from handler.engine_setup import summary_defaults
+    from handler.summarize.job import summary_defaults
     assert summary_defaults(settings) == fake.SUMMARIZE_SAMPLING  # its tuned summarize sampling
     loop.run_until_complete(w.aclose())
 

@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handler.local import run_job
-from handler.schema import SAMPLING_NOOP, TOP_LEVEL_KEYS, _field_name, parse_job_input
+from handler.job.fields import field_name
+from handler.job.sampling import SAMPLING_NOOP
+from handler.job.schema import TOP_LEVEL_KEYS, parse_job_input
 from handler.settings import load_settings
 from tests.hardening.conftest import FULL, size
 from tests.hardening.outcomes import error_object, output_text
@@ -193,7 +195,7 @@ def check_case(job_input, result: dict) -> str:
     field = err.get("field")
     assert isinstance(field, str) and field, err
     assert field in err["message"], err
-    keys = {_field_name(k) or '""' for k in job_input} if isinstance(job_input, dict) else {"input"}
+    keys = {field_name(k) or '""' for k in job_input} if isinstance(job_input, dict) else {"input"}
     # a field of the input, or a known field it lacks (e.g. openai_input for an openai_route); the
     # engine calls a token-id prompt prompt_token_ids
     names = keys | TOP_LEVEL_KEYS | ({"prompt_token_ids"} if "prompt" in keys else set())

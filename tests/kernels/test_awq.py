@@ -8,7 +8,7 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels import awq, awq_ckpt
+from kernels.workspace import workspace
 from kernels.awq import (
     awq_dequantize,
     awq_gemm,
@@ -18,7 +18,8 @@ from kernels.awq import (
     pack_awq_int4,
     unpack_awq_int4,
 )
-from kernels.awq_ckpt import _dequant_triton, _gemm_configs, _launch, _plan
+from kernels.awq_ckpt import dequantize, launch, plan
+from kernels.awq_configs import ckpt_config, ckpt_configs
 
 
 def _weights(rng, K, N, G, dtype):
@@ -40,16 +41,16 @@ def test_awq_gemm_matches_reference(dtype, M, K, N, G, rng, poisoned):
     qw, qz, s = _weights(rng, K, N, G, dtype)
     x = torch.randn(M, K, generator=rng).to(dtype)
     ref = awq_gemm_reference(x, qw, qz, s, G)
-    cfgs = _gemm_configs(M, dtype, x.device)
+    cfgs = ckpt_configs(M, dtype, x.device)
     with poisoned():
         out = awq_gemm(x, qw, qz, s, G)
-        per_config = [(cfg, _launch(x, qw, qz, s, G, cfg)) for cfg in cfgs]
+        per_config = [(cfg, launch(x, qw, qz, s, G, cfg)) for cfg in cfgs]
     assert_close(out, ref, dtype, rng.initial_seed(), "awq_gemm")
     # split-K in one launch (workspace + arrival counters), one program per
     # tile, register prefetch, the 16-bit magic-number planes (float16), and
-    # the previous kernel (widened tile, atomics split-K)
+    # the wide-tile kernel (atomics split-K)
     if K // min(G, 64) > 1:
-        assert any(_plan(M, N, K, G, c, x.device)[3] > 1 for c in cfgs if c["kind"] == "fused")
+        assert any(plan(M, N, K, G, c, x.device)[3] > 1 for c in cfgs if c["kind"] == "fused")
     for cfg, o in per_config:
         assert_close(o, ref, dtype, rng.initial_seed(), f"awq_gemm {cfg}")
 
@@ -57,12 +58,12 @@ def test_awq_gemm_matches_reference(dtype, M, K, N, G, rng, poisoned):
 def test_awq_split_k_is_deterministic_and_counters_reset(rng):
     qw, qz, s = _weights(rng, 512, 128, 32, torch.float32)
     x = torch.randn(3, 512, generator=rng)
-    cfg = awq_ckpt._fused(16, 16, 0, split=5, bk=32)
-    assert _plan(3, 128, 512, 32, cfg, x.device)[3] > 1
-    a = _launch(x, qw, qz, s, 32, cfg)
-    b = _launch(x, qw, qz, s, 32, cfg)
+    cfg = ckpt_config(16, 16, 0, split=5, bk=32)
+    assert plan(3, 128, 512, 32, cfg, x.device)[3] > 1
+    a = launch(x, qw, qz, s, 32, cfg)
+    b = launch(x, qw, qz, s, 32, cfg)
     assert torch.equal(a, b)
-    assert not awq_ckpt._WS[x.device][1].any()  # every tile's counter back to zero
+    assert not workspace(x.device)[1].any()  # every tile's counter back to zero
     assert_close(a, awq_gemm_reference(x, qw, qz, s, 32), torch.float32, rng.initial_seed(), "split-K")
 
 
@@ -71,21 +72,20 @@ def test_awq_dequantize_kernel_matches_reference(dtype, rng, poisoned):
     qw, qz, s = _weights(rng, 256, 192, 64, dtype)
     ref = awq_dequantize(qw, qz, s, 64)
     with poisoned():
-        out = _dequant_triton(qw, qz, s, 64, dtype)
+        out = dequantize(qw, qz, s, 64, dtype)
     assert_close(out, ref, dtype, rng.initial_seed(), "dequant")
 
 
 def test_awq_prepare_and_linear(rng, monkeypatch):
+    """On CPU the prepared layer keeps the checkpoint layout (kernels.awq_ckpt under the
+    interpreter, the reference without it)."""
     qw, qz, s = _weights(rng, 256, 64, 64, torch.float32)
     x = torch.randn(2, 3, 256, generator=rng)
     ref = awq_gemm_reference(x.view(-1, 256), qw, qz, s, 64).view(2, 3, 64)
     p = awq_prepare(qw, qz, s, 64)
     assert (p.in_features, p.out_features, p.group_size) == (256, 64, 64)
+    assert p.qk is None and p.qweight is not None
     assert_close(awq_linear(x, p), ref, torch.float32, rng.initial_seed(), "awq_linear")
-    monkeypatch.setattr(awq, "DENSE_MIN_M", 1)
-    pd = awq_prepare(qw, qz, s, 64, keep_dense=True)
-    assert pd.dense is not None and pd.dense.shape == (256, 64)
-    assert_close(awq_linear(x, pd), ref, torch.float32, rng.initial_seed(), "awq_linear dense")
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU reference path
     assert_close(awq_linear(x, p), ref, torch.float32, rng.initial_seed(), "awq_linear cpu")
 

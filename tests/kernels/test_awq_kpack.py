@@ -8,6 +8,8 @@ from tests.kernels.kernel_checks import assert_close
 
 from kernels import awq_kpack
 from kernels.awq import awq_dequantize, awq_gemm_reference, awq_linear, awq_prepare, pack_awq_int4
+from kernels.awq_configs import kpack_config, kpack_configs
+from kernels.workspace import workspace
 
 
 def _weights(rng, K, N, G, dtype):
@@ -35,7 +37,7 @@ def test_every_config_matches_reference(rng, dtype, M, K, N, G):
     x = torch.randn(M, K, generator=rng).to(dtype)
     ref = awq_gemm_reference(x.float(), qw, qz, s.float(), G)
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
-    for cfg in awq_kpack.configs(M, dtype, x.device):
+    for cfg in kpack_configs(M, dtype, x.device):
         out = torch.full((M, N), float("nan"), dtype=dtype)
         awq_kpack.launch(x, qk, z8, s, G, cfg, out=out)
         assert_close(out.float(), ref, dtype, rng.initial_seed(), f"kpack {cfg}")
@@ -47,8 +49,6 @@ def test_stream_k_partials_reduce_in_fixed_order(rng, programs):
     shared by up to 3 programs), partials reduced by the last arriving program:
     equal to one program per tile, and the arrival counters are reset for the
     next call."""
-    from kernels.awq_ckpt import _workspace
-
     K, N, G = 1024, 64, 128  # 2 tiles of 32 columns x 8 blocks
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
@@ -58,7 +58,7 @@ def test_stream_k_partials_reduce_in_fixed_order(rng, programs):
     for _ in range(2):
         many = awq_kpack.launch(x, qk, z8, s, G, {"kind": "fused", "BM": 16, "BN": 32, "grid": programs})
         assert torch.allclose(many, one, rtol=1e-5, atol=1e-5)
-    assert int(_workspace(x.device)[1].abs().sum()) == 0
+    assert int(workspace(x.device)[1].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("tiles,nblk,programs", [(2, 8, 3), (2, 8, 16), (296, 28, 660), (56, 148, 528), (7, 3, 20)])
@@ -67,7 +67,7 @@ def test_stream_k_plan_counts_the_programs_sharing_a_tile(tiles, nblk, programs)
     U = tiles * nblk
     runs = [(p * U // programs, (p + 1) * U // programs) for p in range(programs)]
     most = max(sum(1 for a, b in runs if a < (t + 1) * nblk and b > t * nblk and b > a) for t in range(tiles))
-    assert awq_kpack._split_plan(tiles, nblk, programs) == most
+    assert awq_kpack.split_plan(tiles, nblk, programs) == most
 
 
 def test_prepared_linear_uses_kpack(rng):
@@ -100,7 +100,7 @@ def test_programs_per_sm_counts_registers_per_scheduler_quarter():
 def test_residency_is_kept_per_compiled_kernel():
     """M == 1 and M % 16 == 0 compile other kernels (Triton specialises them), and the
     row-tile and block counts are compile-time: each gets its own residency."""
-    cfg = awq_kpack._cfg(16, 64)
-    key = lambda m, n=64, nblk=28: awq_kpack._resident_key(cfg, torch.empty(m, 8), n, nblk)  # noqa: E731
+    cfg = kpack_config(16, 64)
+    key = lambda m, n=64, nblk=28: awq_kpack.resident_key(cfg, torch.empty(m, 8), n, nblk)  # noqa: E731
     assert len({key(1), key(16), key(2), key(17), key(2, nblk=148), key(2, n=72)}) == 6
     assert key(2) == key(8)

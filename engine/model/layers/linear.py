@@ -1,0 +1,92 @@
+"""Linear layers over merged shards (q,k,v / gate,up), their weights made by a
+LinearMethod (dense here, or a quantization method), split for tensor parallelism."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.distributed import SINGLE, TPGroup
+from engine.quant import LinearMethod, QuantMethod
+
+
+class Dense(LinearMethod):
+    """Unquantized: weight [N, K] and bias [N] in the model's dtype."""
+
+    tp_dims = {"weight": (0, 1), "bias": (0, None)}
+
+    def create_weights(self, layer, bias: bool, dtype, device) -> None:
+        n = sum(layer.output_sizes)
+        layer.weight = nn.Parameter(torch.empty(n, layer.in_features, dtype=dtype, device=device), requires_grad=False)
+        layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
+
+    def tensor_names(self, layer) -> list[str]:
+        return ["weight"] + (["bias"] if layer.bias is not None else [])
+
+    def load(self, layer, shard: int, name: str, tensor: torch.Tensor) -> None:
+        off, size = layer.shard_offset(shard), layer.output_sizes[shard]
+        param = {"weight": layer.weight, "bias": layer.bias}.get(name)
+        if param is None:
+            raise KeyError(name)
+        want = (size, layer.in_features) if name == "weight" else (size,)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, expected {want}")
+        param.data[off : off + size].copy_(tensor)
+
+    def apply(self, layer, x, bias):
+        return F.linear(x, layer.weight, bias)
+
+
+DENSE = Dense()
+
+
+class Linear(nn.Module):
+    """y = x W^T + b; output_sizes > 1 merges several projections. Sizes are the
+    checkpoint's; under tensor parallelism (tp.size > 1) split "column" keeps this
+    rank's 1/tp of every merged shard's outputs, "row" its 1/tp of the inputs,
+    all-reducing the output (the bias added once, after)."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool, dtype, device,
+                 tp: TPGroup = SINGLE, split: str | None = None, method: LinearMethod | None = None):
+        super().__init__()
+        self.tp, self.split, self.method = tp, (split if tp.size > 1 else None), method or DENSE
+        if self.split == "column":
+            output_sizes = [tp.part(s, "output features") for s in output_sizes]
+        elif self.split == "row":
+            in_features = tp.part(in_features, "input features")
+        self.in_features, self.output_sizes = in_features, list(output_sizes)
+        self.method.create_weights(self, bias, dtype, device)
+        self.loaded: set[tuple[int, str]] = set()
+
+    def shard_offset(self, shard: int) -> int:
+        return sum(self.output_sizes[:shard])
+
+    def load(self, shard: int, name: str, tensor: torch.Tensor) -> None:
+        """One checkpoint tensor of merged shard `shard` (this rank's part of it is kept)."""
+        dims = self.method.tp_dims.get(name)
+        if self.split is not None and dims is not None:
+            dim = dims[0 if self.split == "column" else 1]
+            tensor = tensor if dim is None else self.tp.shard(tensor, dim, name)
+        self.method.load(self, shard, name, tensor)
+        self.loaded.add((shard, name))
+
+    def expected(self) -> set[tuple[int, str]]:
+        names = self.method.tensor_names(self)
+        return {(s, n) for s in range(len(self.output_sizes)) for n in names}
+
+    def finalize(self) -> None:
+        self.method.finalize(self)
+
+    def forward(self, x):
+        if self.split == "row":
+            y = self.tp.all_reduce(self.method.apply(self, x, None))
+            return y + self.bias if self.bias is not None else y
+        return self.method.apply(self, x, self.bias)
+
+
+def make_linear(quant: QuantMethod | None, prefix: str, in_features: int, output_sizes: list[int], bias: bool,
+                dtype, device, tp: TPGroup = SINGLE, split: str | None = None) -> Linear:
+    """The linear of checkpoint name `prefix`: its weights the quantization method's
+    when the method covers it, dense otherwise."""
+    method = quant if quant is not None and quant.covers(prefix) else None
+    return Linear(in_features, output_sizes, bias, dtype, device, tp, split, method)

@@ -1,0 +1,95 @@
+"""Checks of single values in a job's input, each refusal naming the field:
+JSON depth and Unicode, booleans, chat messages, prompts; and the input's fingerprint."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from engine.validation import is_int
+from handler.errors import invalid
+
+ROLES = {"system", "user", "assistant", "tool", "developer"}
+MAX_JSON_DEPTH = 32  # deepest nesting of lists and objects in a job's input
+
+
+def field_name(key: str) -> str:
+    """A key as it can appear in an error (an unpaired surrogate would break the UTF-8 reply)."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_json(value: Any, path: str = "input") -> None:
+    """Refuse, naming the field, what would break the worker further in: nesting deeper than
+    MAX_JSON_DEPTH and strings with unpaired surrogates (a JSON escape like \\ud800, invalid UTF-8)."""
+    stack = [(value, path, 0)]
+    while stack:
+        v, where, depth = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid(where, "is not valid Unicode: it holds an unpaired surrogate (e.g. \\ud800)") from None
+        elif isinstance(v, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise invalid(where, f"nests deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(v, list):
+                stack.extend((x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v))
+                continue
+            for k, x in v.items():
+                name = (field_name(k) or '""') if isinstance(k, str) else repr(k)
+                key_path = f"{where}.{name}" if depth else name
+                if not isinstance(k, str) or name not in (k, '""'):
+                    raise invalid(key_path, "keys must be valid Unicode strings")
+                stack.append((x, key_path, depth + 1))
+
+
+def parse_bool(data: dict, key: str, default: bool, prefix: str = "") -> bool:
+    v = data.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise invalid(prefix + key, "must be true or false")
+    return v
+
+
+def fingerprint(job_input: dict) -> str:
+    """A hash of the input without request_id: the result cache's check that a reused id asks the same."""
+    body = {k: v for k, v in job_input.items() if k != "request_id"}
+    blob = json.dumps(body, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def parse_messages(messages: Any, field: str = "messages") -> list[dict]:
+    """Validate chat messages; text parts of a content list are joined; `developer` becomes `system`."""
+    if not isinstance(messages, list) or not messages:
+        raise invalid(field, "must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"{field}[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(where, "must be an object with role and content")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise invalid(f"{where}.role", f"must be one of {', '.join(sorted(ROLES))}")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise invalid(f"{where}.content[{j}]", "only text parts ({type: text, text}) are supported")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        if not isinstance(content, str):
+            raise invalid(f"{where}.content", "must be a string or a list of text parts")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def parse_prompt(prompt: Any, field: str = "prompt") -> str | list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid(field, "must not be empty")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
+        return list(prompt)
+    raise invalid(field, "must be a non-empty string or a list of token ids")

@@ -1,0 +1,78 @@
+"""The OpenAI form of a job (`openai_route` + `openai_input`, as worker-vllm takes
+them): chat and completion requests read into a JobSpec, each refusal naming
+openai_input.<field>."""
+from __future__ import annotations
+
+from typing import Any
+
+from handler.errors import invalid
+from handler.job.fields import parse_messages, parse_prompt
+from handler.job.sampling import SAMPLING_KEYS, check_sampling
+
+# OpenAI names of engine SamplingParams fields (the others, vLLM's extensions included, pass as they are)
+RENAMED = {"max_completion_tokens": "max_tokens"}
+# accepted only at these (no-op) values
+NOOP = {
+    "n": (1,), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,),
+    "suffix": ("",), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none", "auto"),
+    "response_format": ({"type": "text"},), "add_generation_prompt": (True,),
+}
+IGNORED = {"model", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream", "stream_options"}
+
+
+def _prompt(oi: dict, p: str) -> str | list[int]:
+    if "prompt" not in oi:
+        raise invalid(p + "prompt", "is required")
+    prompt = oi["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    elif isinstance(prompt, list) and prompt and all(isinstance(x, (str, list)) for x in prompt):
+        raise invalid(p + "prompt", "batches of prompts are not supported: send one job per prompt")
+    return parse_prompt(prompt, p + "prompt")
+
+
+def _stream(oi: dict, p: str) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage)."""
+    stream = oi.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid(p + "stream", "must be true or false")
+    options = oi.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise invalid(p + "stream_options", "must be {include_usage: bool}")
+    return stream, options.get("include_usage", False)
+
+
+def parse_openai_input(route: str, oi: Any, spec) -> None:
+    """Fill `spec` from openai_input for `route`; raises invalid_input naming openai_input.<field>."""
+    p = "openai_input."
+    spec.openai_input = True
+    if route == "/v1/models":
+        if oi is not None and not isinstance(oi, dict):
+            raise invalid("openai_input", "must be an object")
+        return
+    if not isinstance(oi, dict):
+        raise invalid("openai_input", "must be an object")
+    if route == "/v1/chat/completions":
+        if "messages" not in oi:
+            raise invalid(p + "messages", "is required")
+        spec.messages = parse_messages(oi["messages"], p + "messages")
+    else:
+        spec.prompt = _prompt(oi, p)
+    model = oi.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid(p + "model", "must be a string")
+    spec.stream, spec.include_usage = _stream(oi, p)
+    sampling = {}
+    for key, value in oi.items():
+        if key in ("messages", "prompt") or key in IGNORED or value is None:
+            continue
+        if key in NOOP:
+            if value not in NOOP[key]:
+                raise invalid(p + key, f"is not supported by this worker (only {NOOP[key][0]!r})")
+        elif RENAMED.get(key, key) in SAMPLING_KEYS:
+            sampling[RENAMED.get(key, key)] = value
+        else:
+            spec.notes.append(f"openai_input.{key} is not supported and was ignored")
+    if isinstance(sampling.get("stop"), str):
+        sampling["stop"] = [sampling["stop"]]
+    spec.sampling = check_sampling(sampling, spec)

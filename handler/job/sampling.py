@@ -1,0 +1,48 @@
+"""A job's sampling values: the names a job may give (engine.SamplingParams'
+request fields, and vLLM's names we take only at their no-op value), checked
+by the engine's own rules, its errors named by the job's fields."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.sampling_params import REQUEST_FIELDS
+from handler.errors import JobError, invalid
+
+# vLLM names we accept only at their no-op value (logprobs: not returned yet)
+SAMPLING_NOOP = {"n": 1, "best_of": 1, "use_beam_search": False, "logprobs": None, "prompt_logprobs": None}
+# engine.SamplingParams fields a job may set; max_tokens may stay unset (the worker resolves it)
+SAMPLING_KEYS = frozenset(REQUEST_FIELDS) - set(SAMPLING_NOOP)
+
+
+def invalid_from_engine(spec, exc) -> JobError:
+    """An engine InvalidInputError as the job's invalid_input, naming the job's field
+    (`spec.field`: handler.job.schema.JobSpec.field)."""
+    problem = exc.message.removeprefix("sampling params: ").removeprefix(f"{exc.field}: ")
+    return invalid(spec.field(exc.field), problem)
+
+
+def check_sampling(values: Any, spec) -> dict:
+    """The given sampling values (None ones dropped), checked now by the engine's
+    SamplingParams rules so a bad one fails before the model loads."""
+    from engine.errors import InvalidInputError
+    from engine.input_processor import sampling_params
+
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise invalid(spec.field(None), "must be an object")
+    out = {}
+    for key, value in values.items():
+        if key in SAMPLING_NOOP:
+            if value is not None and value != SAMPLING_NOOP[key]:
+                raise invalid(spec.field(key), f"only {SAMPLING_NOOP[key]!r} is supported")
+            continue
+        if key not in SAMPLING_KEYS:
+            raise invalid(spec.field(key), "unknown sampling parameter; supported: " + ", ".join(sorted(SAMPLING_KEYS)))
+        if value is not None:
+            out[key] = value
+    try:
+        sampling_params(out)
+    except InvalidInputError as exc:
+        raise invalid_from_engine(spec, exc) from None
+    return out

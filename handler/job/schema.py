@@ -1,0 +1,239 @@
+"""Job input parsing and validation: worker-vllm's shapes plus ours, into one
+`JobSpec`; every refusal is an invalid_input JobError naming the field."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.validation import is_int, is_number
+from handler.errors import invalid
+from handler.job.fields import check_json, fingerprint, parse_bool, parse_messages, parse_prompt
+from handler.job.sampling import check_sampling
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+
+TOP_LEVEL_KEYS = {
+    # worker-vllm
+    "prompt", "messages", "sampling_params", "stream", "apply_chat_template", "use_openai_format",
+    "max_batch_size", "min_batch_size", "batch_size_growth_factor", "openai_route", "openai_input",
+    # ours
+    "summarize", "on_truncation", "request_id", "priority", "timeout_s", "cache_salt", "tenant",
+}
+
+MAX_REQUEST_ID_LEN = 256
+MAX_BATCH_SIZE = 2**31  # stream item sizes (tokens) beyond this are the same as this
+MAX_TENANT_LEN = 256
+
+
+@dataclass(slots=True)
+class StreamBatching:
+    """worker-vllm's streamed item sizes: min_size tokens first, growing by growth up to max_size."""
+
+    max_size: int
+    min_size: int
+    growth: float
+
+    def sizes(self):
+        size = float(min(self.min_size, self.max_size))
+        while True:
+            yield max(1, int(size))
+            size = min(size * self.growth, float(self.max_size))
+
+
+@dataclass(slots=True)
+class SummarizeSpec:
+    text: str
+    instructions: str | None = None
+    max_tokens: int | None = None  # of the final summary
+
+
+@dataclass(slots=True)
+class JobSpec:
+    route: str  # "generate" | "summarize" | one of ROUTES
+    prompt: str | list[int] | None = None
+    messages: list[dict] | None = None
+    apply_chat_template: bool = False
+    sampling: dict = field(default_factory=dict)
+    stream: bool = False
+    on_truncation: str = "flag"
+    idempotency_key: str | None = None  # the job's `request_id`: the same one returns the stored result
+    priority: int = 0
+    timeout_s: float | None = None
+    cache_salt: str | None = None  # enters the prefix-cache block hashes (from cache_salt and/or tenant)
+    batching: StreamBatching | None = None
+    summarize: SummarizeSpec | None = None
+    include_usage: bool = False  # OpenAI stream_options.include_usage
+    openai_input: bool = False  # its request fields sit under openai_input (an openai_route job)
+    fingerprint: str = ""  # hash of the input without request_id (the result cache key)
+    notes: list[str] = field(default_factory=list)  # ignored inputs, logged with the job id
+
+    @property
+    def is_openai(self) -> bool:
+        return self.route in ROUTES
+
+    @property
+    def result_key(self) -> str | None:
+        """The result cache's key: request_id within the job's cache salt (tenants never share results)."""
+        if self.idempotency_key is None:
+            return None
+        key = self.idempotency_key
+        return key if self.cache_salt is None else f"{self.cache_salt}\x00{key}"
+
+    def field(self, engine_field: str | None) -> str:
+        """The job input field an engine error's field stands for: the prompt and messages,
+        or a sampling value (under sampling_params, or openai_input for an OpenAI job)."""
+        name = "prompt" if engine_field == "prompt_token_ids" else engine_field or "sampling_params"
+        if self.route == "summarize" and name.startswith(("prompt", "messages")):
+            return "summarize.text"
+        if name.startswith("messages") and self.apply_chat_template:
+            return "prompt"
+        if not name.startswith(("prompt", "messages", "sampling_params")) and not self.openai_input:
+            name = "sampling_params." + name
+        if self.openai_input:
+            return "openai_input" if name == "sampling_params" else "openai_input." + name
+        return name
+
+
+def _batching(data: dict, settings: Any) -> StreamBatching:
+    def get(key, default, minimum, kind):
+        v = data.get(key)
+        if v is None:
+            return default
+        if kind is int and not is_int(v) or kind is float and not is_number(v) or v < minimum:
+            raise invalid(key, f"must be a number >= {minimum}")
+        return min(v, MAX_BATCH_SIZE)
+
+    return StreamBatching(
+        max_size=get("max_batch_size", settings.default_batch_size, 1, int),
+        min_size=get("min_batch_size", settings.min_batch_size, 1, int),
+        growth=float(get("batch_size_growth_factor", settings.batch_size_growth_factor, 1, float)),
+    )
+
+
+def _summarize(value: Any) -> SummarizeSpec:
+    if isinstance(value, str):
+        value = {"text": value}
+    if not isinstance(value, dict):
+        raise invalid("summarize", "must be the document text or {text, instructions, max_tokens}")
+    unknown = set(value) - {"text", "document", "instructions", "max_tokens"}
+    if unknown:
+        raise invalid(f"summarize.{sorted(unknown)[0]}", "unknown key; use text, instructions, max_tokens")
+    text = value.get("text", value.get("document"))
+    if not isinstance(text, str) or not text.strip():
+        raise invalid("summarize.text", "must be a non-empty string")
+    instructions = value.get("instructions")
+    if instructions is not None and (not isinstance(instructions, str) or not instructions.strip()):
+        raise invalid("summarize.instructions", "must be a non-empty string")
+    max_tokens = value.get("max_tokens")
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
+        raise invalid("summarize.max_tokens", "must be an integer >= 1")
+    return SummarizeSpec(text=text, instructions=instructions, max_tokens=max_tokens)
+
+
+def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
+    """The job's `input` as a JobSpec; raises JobError(invalid_input) naming the field
+    (also for input over the size limits of handler.limits)."""
+    from handler.job.limits import check_limits
+
+    spec = _parse_job_input(job_input, settings)
+    check_limits(spec, job_input, settings)
+    return spec
+
+
+def _cache_salt(job_input: dict) -> str | None:
+    """cache_salt as given; with a tenant, a salt derived from both (so no tenant can name another's salt
+    by accident)."""
+    salt, tenant = job_input.get("cache_salt"), job_input.get("tenant")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise invalid("cache_salt", "must be a non-empty string")
+    if tenant is None:
+        return salt
+    if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LEN:
+        raise invalid("tenant", f"must be a non-empty string of at most {MAX_TENANT_LEN} characters")
+    blob = json.dumps(["tenant", tenant, salt], ensure_ascii=False).encode()
+    return "tenant-" + hashlib.sha256(blob).hexdigest()
+
+
+def _parse_job_input(job_input: Any, settings: Any) -> JobSpec:
+    if not isinstance(job_input, dict):
+        raise invalid("input", "must be a JSON object")
+    check_json(job_input)
+    for key in job_input:
+        if key not in TOP_LEVEL_KEYS:
+            raise invalid(key or '""', "unknown input key; expected one of " + ", ".join(sorted(TOP_LEVEL_KEYS)))
+    spec = JobSpec(route="generate", fingerprint=fingerprint(job_input))
+    _parse_job_options(job_input, settings, spec)
+    route = job_input.get("openai_route")
+    if route is not None:
+        from handler.job.openai_input import parse_openai_input
+
+        if route not in ROUTES:
+            raise invalid("openai_route", "must be one of " + ", ".join(ROUTES))
+        for key in ("prompt", "messages", "summarize", "sampling_params"):
+            if key in job_input:
+                raise invalid(key, "not allowed with openai_route (put it in openai_input)")
+        spec.route = route
+        parse_openai_input(route, job_input.get("openai_input"), spec)
+        return spec
+    _parse_native_request(job_input, spec)
+    return spec
+
+
+def _parse_job_options(job_input: dict, settings: Any, spec: JobSpec) -> None:
+    """What every job may say besides its request: request_id, priority, deadline,
+    cache salt, truncation policy and streaming."""
+    rid = job_input.get("request_id")
+    if rid is not None:
+        if not isinstance(rid, str) or not rid or len(rid) > MAX_REQUEST_ID_LEN:
+            raise invalid("request_id", f"must be a non-empty string of at most {MAX_REQUEST_ID_LEN} characters")
+        spec.idempotency_key = rid
+    priority = job_input.get("priority", 0)
+    if not is_int(priority) or abs(priority) >= 2**31:
+        raise invalid("priority", "must be an integer (lower runs first)")
+    spec.priority = priority
+    timeout = job_input.get("timeout_s")
+    if timeout is not None:
+        if not is_number(timeout) or timeout <= 0:
+            raise invalid("timeout_s", "must be a number > 0")
+        spec.timeout_s = float(timeout)
+    elif settings.job_timeout_s:
+        spec.timeout_s = float(settings.job_timeout_s)
+    spec.cache_salt = _cache_salt(job_input)
+    policy = job_input.get("on_truncation", "flag")
+    if policy not in ("flag", "error"):
+        raise invalid("on_truncation", 'must be "flag" or "error"')
+    spec.on_truncation = policy
+    spec.stream = parse_bool(job_input, "stream", False)
+    spec.batching = _batching(job_input, settings)
+
+
+def _parse_native_request(job_input: dict, spec: JobSpec) -> None:
+    """worker-vllm's own request: prompt, messages or (ours) summarize, with sampling_params."""
+    present = [k for k in ("prompt", "messages", "summarize") if job_input.get(k) is not None]
+    if not present:
+        raise invalid("prompt", "one of prompt, messages, summarize or openai_route is required")
+    if len(present) > 1:
+        raise invalid(present[1], f"give only one of prompt, messages, summarize (got {', '.join(present)})")
+    if "openai_input" in job_input:
+        raise invalid("openai_input", "needs openai_route")
+    spec.sampling = check_sampling(job_input.get("sampling_params"), spec)
+    spec.apply_chat_template = parse_bool(job_input, "apply_chat_template", False)
+    use_openai = parse_bool(job_input, "use_openai_format", False)
+    if present[0] == "summarize":
+        spec.route = "summarize"
+        spec.summarize = _summarize(job_input["summarize"])
+    elif present[0] == "messages":
+        spec.messages = parse_messages(job_input["messages"])
+        if use_openai:
+            spec.route = "/v1/chat/completions"
+    else:
+        spec.prompt = parse_prompt(job_input["prompt"])
+        if spec.apply_chat_template:
+            if not isinstance(spec.prompt, str):
+                raise invalid("apply_chat_template", "needs a text prompt")
+            spec.messages = [{"role": "user", "content": spec.prompt}]
+            spec.prompt = None
+        if use_openai:
+            spec.route = "/v1/chat/completions" if spec.messages else "/v1/completions"

@@ -1,0 +1,59 @@
+"""The native job's items: the request's text streamed in worker-vllm's growing
+item sizes (or whole), then the final item with finish_reason, truncated, usage
+and timings; `stream_batches` is the batching every route streams with."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from handler.execution import Completion, JobRequests
+
+
+async def stream_batches(run: JobRequests, request, engine_request_id: str, wrap: Callable[[str], Any] = str,
+                         head: tuple = ()) -> AsyncIterator[tuple[str, Any]]:
+    """Run the request: ("items", [...]) each time a streaming job's new text (each piece
+    through `wrap`, after `head` in the first batch) reaches the next item size in tokens,
+    then ("done", (Completion, the items not yet yielded)) once it passed the failure check."""
+    spec = run.spec
+    pending, tokens = list(head), 0
+    sizes = spec.batching.sizes()
+    target = next(sizes)
+    comp = None
+    async with contextlib.aclosing(run.events(request, engine_request_id)) as events:
+        async for kind, value, ntok in events:
+            if kind == "done":
+                comp = value
+                continue
+            if not spec.stream:
+                continue
+            if value:
+                pending.append(wrap(value))
+            tokens += ntok
+            if pending and tokens >= target:
+                yield "items", pending
+                pending, tokens, target = [], 0, next(sizes)
+    run.check(comp)
+    yield "done", (comp, pending)
+
+
+async def generate_items(run: JobRequests, request, engine_request_id: str) -> AsyncIterator[dict]:
+    async for kind, value in stream_batches(run, request, engine_request_id):
+        if kind == "items":
+            yield {"text": "".join(value)}
+        else:
+            comp, rest = value
+            yield final_item(run, comp, "".join(rest) if run.spec.stream else comp.text)
+
+
+def final_item(run: JobRequests, comp: Completion, text: str) -> dict:
+    return {
+        "text": text,
+        "finish_reason": comp.finish_reason,
+        "truncated": comp.finish_reason == "length",
+        "usage": {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
+                  "total_tokens": comp.prompt_tokens + comp.completion_tokens,
+                  "cached_prompt_tokens": comp.cached_tokens},
+        "timings": run.ctx.timings(),
+        "request_id": run.spec.idempotency_key or run.ctx.id,
+    }

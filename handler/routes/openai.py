@@ -1,0 +1,99 @@
+"""The OpenAI routes' output: chat.completion / text_completion objects, their
+stream chunks (SSE text as worker-vllm sends them), and /v1/models."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from handler.routes.generate import stream_batches
+
+
+class OpenAIFormatter:
+    """Builds chat.completion / text_completion objects and their stream chunks."""
+
+    def __init__(self, route: str, job_id: str, model: str, *, role: str = "assistant", raw: bool = True,
+                 include_usage: bool = False):
+        self.chat = route == "/v1/chat/completions"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + job_id
+        self.model = model
+        self.role = role
+        self.raw = raw
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    @staticmethod
+    def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+        out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+               "total_tokens": prompt_tokens + completion_tokens}
+        if cached_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        return out
+
+    def response(self, text: str, finish_reason: str, usage: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": self.role, "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, first: bool = False) -> dict:
+        if self.chat:
+            delta: dict = {"role": self.role, "content": text or ""} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice]}
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": usage}
+
+    def pack(self, chunks: list[dict], done: bool = False) -> str | list[dict]:
+        """One stream item: SSE text (RAW_OPENAI_OUTPUT, worker-vllm's default) or a list of chunks."""
+        if not self.raw:
+            return chunks
+        text = "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks)
+        return text + ("data: [DONE]\n\n" if done else "")
+
+
+def models_response(model: str, max_model_len: int | None = None) -> dict:
+    card = {"id": model, "object": "model", "created": int(time.time()), "owned_by": "runpod-llm-worker",
+            "root": model, "parent": None}
+    if max_model_len:
+        card["max_model_len"] = max_model_len
+    return {"object": "list", "data": [card]}
+
+
+def parse_sse(item: str) -> list[dict]:
+    """The chunks of a raw SSE stream item (for clients and tests)."""
+    out = []
+    for line in item.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[len("data: "):]))
+    return out
+
+
+async def openai_items(run, request, engine_request_id: str, model: str) -> AsyncIterator[Any]:
+    """An OpenAI job's items: one response object, or (streaming) SSE items of chunks."""
+    spec, settings = run.spec, run.settings
+    fmt = OpenAIFormatter(spec.route, run.ctx.id, model, role=settings.openai_response_role,
+                          raw=settings.raw_openai_output, include_usage=spec.include_usage)
+    head = (fmt.chunk("", first=True),) if fmt.chat else ()
+    async for kind, value in stream_batches(run, request, engine_request_id, fmt.chunk, head):
+        if kind == "items":
+            yield fmt.pack(value)
+            continue
+        comp, chunks = value
+        usage = fmt.usage(comp.prompt_tokens, comp.completion_tokens, comp.cached_tokens)
+        if not spec.stream:
+            yield fmt.response(comp.text, comp.finish_reason, usage)
+            return
+        chunks.append(fmt.chunk(None, comp.finish_reason))
+        if spec.include_usage:
+            chunks.append(fmt.usage_chunk(usage))
+        yield fmt.pack(chunks, done=True)

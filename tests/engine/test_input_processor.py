@@ -1,0 +1,139 @@
+"""The input processor: prompts (text, token ids, chat messages) into token ids
+with their checks, SamplingParams from a request's values, and max_tokens
+resolved against the context and the KV cache, each refusal naming its field."""
+import pytest
+
+from engine.errors import InvalidInputError, KVCapacityError, PromptTooLongError
+from engine.input_processor import EngineRequest, InputProcessor, sampling_params
+from engine.sampling_params import REQUEST_FIELDS, SamplingParams
+from tests import models
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return models.make_tokenizer()
+
+
+def proc(tok, max_model_len=64, capacity=256, vocab=None):
+    return InputProcessor(tok, vocab or len(tok), max_model_len, capacity)
+
+
+def test_a_missing_max_tokens_is_what_fits_capped_by_the_default(tok):
+    p = proc(tok, max_model_len=64, capacity=48)
+    ids = [5] * 10
+    assert p.max_request_tokens == 48
+    req = p.process({"prompt_token_ids": ids})
+    assert req.max_tokens == req.params.max_tokens == 38  # the KV cache, not the context, is the limit
+    assert p.process({"prompt_token_ids": ids}, default_max_tokens=16).max_tokens == 16
+    assert p.process({"prompt_token_ids": ids}, default_max_tokens=100).max_tokens == 38
+
+
+def test_an_asked_max_tokens_is_kept_within_the_context(tok):
+    p = proc(tok, max_model_len=64, capacity=256)
+    req = p.process({"prompt_token_ids": [5] * 60}, {"max_tokens": 30})
+    assert req.params.max_tokens == 30 and req.max_tokens == 4
+    with pytest.raises(KVCapacityError) as e:
+        proc(tok, max_model_len=64, capacity=32).process({"prompt_token_ids": [5] * 10}, {"max_tokens": 30})
+    assert e.value.details == {"needed_tokens": 40, "capacity_tokens": 32}
+
+
+def test_min_tokens_past_what_fits_is_refused(tok):
+    with pytest.raises(InvalidInputError) as e:
+        proc(tok, max_model_len=64).process({"prompt_token_ids": [5] * 50}, {"min_tokens": 20})
+    assert e.value.field == "min_tokens"
+
+
+def test_prompt_length_and_capacity_give_their_numbers(tok):
+    with pytest.raises(PromptTooLongError) as e:
+        proc(tok, max_model_len=16).process({"prompt_token_ids": [5] * 16})
+    assert e.value.details == {"prompt_tokens": 16, "max_model_len": 16}
+    with pytest.raises(KVCapacityError):
+        proc(tok, max_model_len=64, capacity=16).process({"prompt_token_ids": [5] * 16})
+
+
+@pytest.mark.parametrize("prompt,field", [
+    ("", "prompt"),
+    ({"prompt_token_ids": []}, "prompt_token_ids"),
+    ({"prompt_token_ids": [1, True]}, "prompt_token_ids"),
+    ({"prompt_token_ids": [1, 10**9]}, "prompt_token_ids"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": 3}]}, "messages[0]"),
+    (42, "prompt"),
+])
+def test_bad_prompts_name_their_field(tok, prompt, field):
+    with pytest.raises(InvalidInputError) as e:
+        proc(tok).process(prompt)
+    assert e.value.field == field
+
+
+def test_out_of_vocabulary_ids_are_listed(tok):
+    with pytest.raises(InvalidInputError) as e:
+        proc(tok, vocab=100).process({"prompt_token_ids": [5, 100, 7, 1000]})
+    assert "size 100" in e.value.message and "[100, 1000]" in e.value.message
+
+
+def test_chat_messages_render_through_the_template(tok, tiny_llama_dir):
+    from engine.tokenizer import load_tokenizer
+
+    chat_tok = load_tokenizer(tiny_llama_dir)
+    p = proc(chat_tok, max_model_len=256)
+    messages = [{"role": "user", "content": "Hello there"}]
+    text = chat_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    req = p.process({"messages": messages})
+    assert req.prompt == text and req.prompt_token_ids == chat_tok.encode(text, add_special_tokens=False)
+    bare = p.process({"messages": messages, "add_generation_prompt": False})
+    assert bare.prompt == chat_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert bare.prompt != text
+
+
+def test_a_template_that_refuses_or_is_missing_is_the_inputs_fault(tok, tiny_llama_dir):
+    from engine.tokenizer import load_tokenizer
+
+    plain = models.make_tokenizer()
+    plain.chat_template = None
+    assert not proc(plain).has_chat_template
+    with pytest.raises(InvalidInputError, match="no chat template") as e:
+        proc(plain).process({"messages": [{"role": "user", "content": "hi"}]})
+    assert e.value.field == "messages"
+    chat_tok = load_tokenizer(tiny_llama_dir)
+    chat_tok.chat_template = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(InvalidInputError, match="roles must alternate") as e:
+        proc(chat_tok).process({"messages": [{"role": "user", "content": "hi"}]})
+    assert e.value.field == "messages"
+
+
+def test_sampling_params_from_values():
+    assert sampling_params(None) == SamplingParams()
+    p = SamplingParams(temperature=0.5)
+    assert sampling_params(p) is p
+    got = sampling_params({"temperature": 0, "stop": "END", "top_k": None})
+    assert got.temperature == 0 and got.stop == ["END"] and got.top_k == -1
+    with pytest.raises(InvalidInputError) as e:
+        sampling_params({"temprature": 0.5})
+    assert e.value.field == "temprature" and "temperature" in e.value.message
+    with pytest.raises(InvalidInputError) as e:
+        sampling_params({"stop": 5})
+    assert e.value.field == "stop"
+    with pytest.raises(InvalidInputError) as e:
+        sampling_params(["temperature"])
+    assert e.value.field == "sampling_params"
+    assert "detokenize" not in REQUEST_FIELDS and "max_tokens" in REQUEST_FIELDS
+
+
+def test_the_engine_runs_a_processed_request_as_it_is(tiny_llama_dir):
+    from engine import LLM
+
+    llm = LLM(tiny_llama_dir, num_kv_blocks=64)
+    eng = llm.engine
+    req = eng.input_processor.process({"prompt_token_ids": [5, 6, 7]}, {"max_tokens": 4, "temperature": 0,
+                                                                        "ignore_eos": True})
+    assert isinstance(req, EngineRequest)
+    seq = eng.add_request("pre", req)
+    assert seq.prompt_token_ids == [5, 6, 7] and seq.max_tokens == 4
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += [o for o in eng.step() if o.finished]
+    direct = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=4, temperature=0,
+                                                                           ignore_eos=True))[0]
+    assert outs[0].outputs[0].token_ids == direct.outputs[0].token_ids and len(direct.outputs[0].token_ids) == 4
+    assert eng.max_request_tokens == min(eng.max_model_len, eng.kv_capacity_tokens)

@@ -1,0 +1,91 @@
+"""Reading documents for the summarize command, and Korean and Japanese text through the
+token chunking the worker's map-reduce uses: every chunk whole characters of the source."""
+from __future__ import annotations
+
+import asyncio
+import codecs
+
+import pytest
+
+from handler.summarize import core
+from handler.summarize.inputs import InputError, collect, decode_text
+from handler.summarize.runner import Options
+from tests.handler.summarize.notes import SENTENCES
+
+
+@pytest.mark.parametrize("data, text, code", [
+    ("회의록 노트".encode(), "회의록 노트", None),
+    (codecs.BOM_UTF8 + "日本語".encode(), "日本語", None),
+    (codecs.BOM_UTF16_LE + "회의록".encode("utf-16-le"), "회의록", None),
+    (b"", None, "empty_document"),
+    (b" \n\t\n", None, "empty_document"),
+    (b"PK\x03\x04\x00\x00", None, "binary_file"),
+    ("café".encode("latin-1"), None, "undecodable"),
+])
+def test_decode_text(data, text, code):
+    got, error = decode_text(data)
+    assert got == text
+    assert (error or {}).get("code") == code
+    if error:
+        assert error["retryable"] is False and error["message"]
+
+
+def test_collect_reads_folders_recursively_and_leaves_out_hidden_and_own_files(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "one.md").write_text("one", encoding="utf-8")
+    (tmp_path / "a" / "b" / "two.txt").write_text("two", encoding="utf-8")
+    (tmp_path / "a" / ".git").mkdir()
+    (tmp_path / "a" / ".git" / "HEAD").write_text("ref", encoding="utf-8")
+    (tmp_path / "a" / "results.jsonl").write_text("", encoding="utf-8")
+    docs = collect([str(tmp_path / "a"), str(tmp_path / "a" / "one.md")],
+                   exclude=[str(tmp_path / "a" / "results.jsonl")])
+    # a folder's own files, then its subfolders'; one.md given twice is one document
+    assert [d.doc for d in docs] == [str(tmp_path / "a" / "one.md"), str(tmp_path / "a" / "b" / "two.txt")]
+    with pytest.raises(InputError, match="no such file"):
+        collect([str(tmp_path / "missing")])
+
+
+def test_a_repeated_jsonl_id_fails_under_its_own_name(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"id": "x", "text": "a"}\n{"id": "x", "text": "b"}\n{"text": "c"}\n',
+                                      encoding="utf-8")
+    docs = collect([str(tmp_path / "d.jsonl")])
+    assert [d.doc for d in docs] == ["x", f"x ({tmp_path}/d.jsonl:2)", f"{tmp_path}/d.jsonl:3"]
+    assert docs[1].error["code"] == "duplicate_document" and docs[2].error is None
+
+
+def test_the_prompt_asks_for_the_documents_own_language():
+    assert "same language as the text." in Options().prompt_instructions()
+    told = Options(style="paragraph", instructions="Answer in English.").prompt_instructions()
+    assert told.endswith("unless these instructions say otherwise: Answer in English.") and "paragraph" in told
+
+
+def test_korean_and_japanese_survive_token_chunking(tiny_llama_dir):
+    from engine.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tiny_llama_dir)
+    # Korean and Japanese (3 UTF-8 bytes a character, often cut by a token boundary), numbered lines
+    text = "\n".join(f"{i}. {s}" for i, s in enumerate(SENTENCES[2:] * 40))
+    chunks: list[str] = []
+
+    async def run(messages, max_tokens, tag):
+        body = messages[-1]["content"].split("\n\n", 1)[1]
+        if tag.startswith("r1"):
+            chunks.append(body)
+        return core.Piece("요약", "stop", 1, 1)
+
+    def count(messages):
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return len(tok.encode(prompt, add_special_tokens=False))
+
+    plan = asyncio.run(core.reduce_to_fit(
+        text, count_tokens=count, encode=lambda t: tok.encode(t, add_special_tokens=False),
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), run=run, context_tokens=512,
+        summary_tokens=16))
+    assert plan.chunks == len(chunks) > 3
+    covered, start = [False] * len(text), 0
+    for chunk in chunks:  # in order: each starts at or after the previous one
+        assert "\ufffd" not in chunk
+        start = text.find(chunk, start)
+        assert start >= 0, f"a chunk is not a piece of the text: {chunk[:40]!r}"
+        covered[start:start + len(chunk)] = [True] * len(chunk)
+    assert all(covered[:-1])  # nothing lost between chunks (the last newline may be trimmed)
