@@ -119,7 +119,9 @@ class LLMEngine:
         if not is_int(priority):
             raise InvalidInputError("priority must be an integer", field="priority")
         if isinstance(prompt, EngineRequest):
-            assert params is None, "an EngineRequest carries its own params"
+            if params is not None:
+                raise InvalidInputError("an EngineRequest carries its own sampling params; pass params=None",
+                                        field="sampling_params")
             req = prompt
         else:
             req = self.input_processor.process(prompt, params)

@@ -128,6 +128,9 @@ def test_the_engine_runs_a_processed_request_as_it_is(tiny_llama_dir):
     req = eng.input_processor.process({"prompt_token_ids": [5, 6, 7]}, {"max_tokens": 4, "temperature": 0,
                                                                         "ignore_eos": True})
     assert isinstance(req, EngineRequest)
+    with pytest.raises(InvalidInputError) as e:
+        eng.add_request("twice", req, SamplingParams())
+    assert e.value.field == "sampling_params" and not eng.has_unfinished_requests()
     seq = eng.add_request("pre", req)
     assert seq.prompt_token_ids == [5, 6, 7] and seq.max_tokens == 4
     outs = []
