@@ -6,6 +6,8 @@ against transformers `generate` side by side.
 
 E1: Qwen2.5-7B-AWQ shapes at concurrency 10 and 50, peer HF bf16 static batch.
 E2: Llama-3-70B-AWQ shapes at concurrency 50 (no peer).
+E4: Qwen3-30B-A3B-AWQ shapes (mixture of experts) at concurrency 10 and 50, peer HF bf16
+    static batch (benchmarks/moe_serve.py: its shapes, floor and peer).
 E3: 768-token sequences in a 20 GB KV budget, our block manager vs reserving
     max_model_len=4096 per sequence (host only, no GPU needed).
 Also a step profile at each concurrency: where the host time of a decode step
@@ -43,10 +45,15 @@ def model_dir(shapes: dict, awq_group: int | None) -> str:
 
     from tests.models import make_tokenizer
 
+    from benchmarks import moe_serve
+
     path = tempfile.mkdtemp(prefix="serve-model-")
     kw = {k: v for k, v in shapes.items() if k != "arch"}
-    cfg = Qwen2Config(**kw) if shapes["arch"] == "qwen2" else LlamaConfig(**kw)
-    cfg.architectures = ["Qwen2ForCausalLM" if shapes["arch"] == "qwen2" else "LlamaForCausalLM"]
+    if shapes["arch"] == "qwen3_moe":
+        cfg = moe_serve.config(shapes)
+    else:
+        cfg = Qwen2Config(**kw) if shapes["arch"] == "qwen2" else LlamaConfig(**kw)
+        cfg.architectures = ["Qwen2ForCausalLM" if shapes["arch"] == "qwen2" else "LlamaForCausalLM"]
     if awq_group:
         cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": awq_group, "zero_point": True,
                                    "version": "gemm"}
@@ -68,7 +75,7 @@ def weight_bytes(shapes: dict, awq_group: int) -> float:
 
 
 def kv_bytes_per_token(shapes: dict) -> int:
-    hd = shapes["hidden_size"] // shapes["num_attention_heads"]
+    hd = shapes.get("head_dim") or shapes["hidden_size"] // shapes["num_attention_heads"]
     return shapes["num_hidden_layers"] * shapes["num_key_value_heads"] * hd * 2 * 2
 
 
@@ -120,6 +127,10 @@ async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int
 def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak):
     """Sum over steps of max(bytes / bandwidth, FLOPs / peak): decode steps read all
     weights plus the running KV; prefill costs 2 x params FLOPs per token."""
+    if shapes["arch"] == "qwen3_moe":
+        from benchmarks import moe_serve
+
+        return moe_serve.floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak)
     w = weight_bytes(shapes, awq_group)
     kvt = kv_bytes_per_token(shapes)
     params = linear_params(shapes) + shapes["vocab_size"] * shapes["hidden_size"]
@@ -290,6 +301,24 @@ def e3_rows(shapes=QWEN25_7B, budget_bytes=20e9, seq_len=768, reserve_len=4096, 
             "waste_blocks_per_sequence": waste_blocks, "kv_blocks": blocks}
 
 
+def e4_rows(args, bw, peak, table, raw):
+    """E4: Qwen3-30B-A3B-AWQ at the concurrencies asked, the HF bf16 peer first."""
+    from benchmarks import moe_serve
+
+    shapes = moe_serve.QWEN3_30B_A3B
+    peers = {}
+    for c in args.concurrency:
+        peers[c] = None if args.skip_peer else moe_serve.hf_peer(shapes, c, args.prompt_len, args.output_len)
+        print(f"E4 peer c={c}: {peers[c]} tok/s", flush=True)
+    raw["E4"] = run_engine_workload("E4", shapes, args.concurrency, args.e4_requests_per_client, args.prompt_len,
+                                    args.output_len, bw, peak, peers)
+    for r in raw["E4"]:
+        table.append({"id": "E4", "case": f"Qwen3-30B-A3B-AWQ c={r['concurrency']} n={r['requests']}",
+                      "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": None,  # none set yet
+                      "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
+                      "target_peer": None, **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
+
+
 def save(path, bw, peak, table):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
@@ -302,6 +331,7 @@ def main():
     ap.add_argument("--concurrency", type=int, nargs="+", default=[10, 50])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--e2-requests-per-client", type=int, default=1)
+    ap.add_argument("--e4-requests-per-client", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-peer", action="store_true")
@@ -313,7 +343,7 @@ def main():
         table.append(e3_rows())
         print(json.dumps(table[-1]), flush=True)
     bw = peak = None
-    if "E1" in args.workloads or "E2" in args.workloads:
+    if {"E1", "E2", "E4"} & set(args.workloads):
         bw, peak = measure_ceilings()
         print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s", flush=True)
     if "E1" in args.workloads:
@@ -336,6 +366,9 @@ def main():
                               "target_peer": 11 if r["concurrency"] == 50 else 25,
                               **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
         save(args.out, bw, peak, table)  # what is done so far survives a later failure
+    if "E4" in args.workloads:
+        e4_rows(args, bw, peak, table, raw)
+        save(args.out, bw, peak, table)
     if "E2" in args.workloads:
         raw["E2"] = run_engine_workload("E2", LLAMA3_70B, [50], args.e2_requests_per_client, args.prompt_len,
                                         args.output_len, bw, peak, {})

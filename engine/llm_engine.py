@@ -20,7 +20,7 @@ from engine.outputs import RequestOutput, request_output
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, use_long_rope
 from engine.sequence import Sequence
 from engine.tokenizer import load_tokenizer
 from engine.validation import is_int
@@ -83,6 +83,8 @@ class LLMEngine:
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                      ttl_s=config.prefix_cache_ttl_s)
         self.scheduler = Scheduler(block_manager, config.max_num_seqs, budget)
+        long_rope = getattr(self.model, "long_rope", None)
+        self.scheduler.rope_switch = long_rope[0] if long_rope else None
         self.eos_token_ids = loader.eos_token_ids(path, spec.eos_token_id, self.tokenizer)
         self.sampler = Sampler(self.eos_token_ids, config.seed)
         self.input_processor = InputProcessor(self.tokenizer, spec.vocab_size, self.max_model_len,
@@ -127,6 +129,8 @@ class LLMEngine:
             req = self.input_processor.process(prompt, params)
         seq = Sequence(request_id, req.prompt, req.prompt_token_ids, req.params, req.max_tokens, priority=priority,
                        cache_salt=cache_salt)
+        if self.scheduler.rope_switch is not None and seq.num_tokens > self.scheduler.rope_switch:
+            use_long_rope(seq)
         seq.detok = Detokenizer(self.tokenizer, req.prompt_token_ids, req.params, self.eos_token_ids, req.max_tokens,
                                 self.max_model_len)
         if req.params.logprobs is not None:

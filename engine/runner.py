@@ -48,6 +48,14 @@ class HostBuffers:
             self.copied = None
 
 
+def rope_row(long_rope: tuple[int, int], seq: Sequence, pos):
+    """The rope cache row of a token at `pos` (an int or an array) for a two-sided
+    (longrope) cache, long_rope = (switch length, row offset): the long rows for every
+    token of a sequence once it is longer than the switch (seq.long_rope, set by the
+    engine and the scheduler, which recomputes a sequence's KV when it crosses)."""
+    return pos + long_rope[1] if seq.long_rope else pos
+
+
 class ModelRunner:
     def __init__(self, model, block_size: int, dtype, device, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None):
@@ -93,6 +101,7 @@ class ModelRunner:
         table columns, sample rows, max query length). Rows past len(scheduled)
         up to pad_to are padding: slot -1 (no KV write), context length 0."""
         h, bs = self.host, self.block_size
+        long_rope = getattr(self.model, "long_rope", None)
         h.wait()
         n_seqs = len(scheduled)
         rows_n = max(n_seqs, pad_to)
@@ -107,12 +116,12 @@ class ModelRunner:
             bt = seq.block_table
             if n == 1:
                 h.ids[t] = seq.token_ids[start]
-                h.pos[t] = start
+                h.pos[t] = start if long_rope is None else rope_row(long_rope, seq, start)
                 h.slots[t] = bt[start // bs] * bs + start % bs
             else:
                 pos = np.arange(start, start + n)
                 h.ids[t : t + n] = seq.token_ids[start : start + n]
-                h.pos[t : t + n] = pos
+                h.pos[t : t + n] = pos if long_rope is None else rope_row(long_rope, seq, pos)
                 h.slots[t : t + n] = np.asarray(bt, dtype=np.int64)[pos // bs] * bs + pos % bs
             t += n
             max_q = max(max_q, n)

@@ -11,6 +11,15 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
 
+LONG_ROPE_SALT = "\x00longrope"
+
+
+def use_long_rope(seq: Sequence) -> None:
+    """Mark a sequence as rotated with longrope's long factors; its KV blocks then
+    hash apart from the same tokens rotated with the short ones."""
+    seq.long_rope = True
+    seq.cache_salt = f"{seq.cache_salt or ''}{LONG_ROPE_SALT}"
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
@@ -33,6 +42,10 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # sorted by sort_key
         self.running: list[Sequence] = []  # sorted by sort_key
         self.num_preemptions = 0
+        # longrope: the length past which a sequence is rotated with the long factors
+        # (set by the engine from the model); None: no such switch
+        self.rope_switch: int | None = None
+        self.num_rope_recomputes = 0
 
     def add(self, seq: Sequence):
         seq.status = SequenceStatus.WAITING
@@ -47,6 +60,16 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
+        self.add(seq)
+
+    def _recompute_long(self, seq: Sequence) -> None:
+        """A sequence that grew past longrope's switch: its KV (rotated with the short
+        factors) is dropped and recomputed with the long ones, as transformers' Phi-3 does
+        when it crosses; it waits again, ahead of later arrivals by its sort key."""
+        self.running.remove(seq)
+        self.bm.free_seq(seq)
+        use_long_rope(seq)
+        self.num_rope_recomputes += 1
         self.add(seq)
 
     def schedule(self) -> SchedulerOutput:
@@ -65,6 +88,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self.rope_switch is not None and not seq.long_rope and seq.num_tokens > self.rope_switch:
+                self._recompute_long(seq)
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert n > 0
             while not self.bm.allocate_slots(seq, n):
@@ -80,6 +106,8 @@ class Scheduler:
             return out  # no admissions while memory is short
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self.rope_switch is not None and not seq.long_rope and seq.num_tokens > self.rope_switch:
+                use_long_rope(seq)  # preempted past the switch: recomputed with the long factors
             computed = self.bm.get_computed_blocks(seq) if not seq.block_table else []
             num_computed = seq.num_computed_tokens + len(computed) * self.bm.block_size
             n = min(seq.num_tokens - num_computed, budget)
@@ -127,6 +155,7 @@ class Scheduler:
             "prefix_cache_query_tokens": bm.query_tokens,
             "prefix_cache_hit_rate": bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
             "num_preemptions": self.num_preemptions,
+            "num_rope_recomputes": self.num_rope_recomputes,
         }
 
     def finish(self, seq: Sequence):

@@ -87,7 +87,9 @@ def _s(name, type_, default, description, **kw) -> Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     # model and engine (worker-vllm's names where they exist)
-    _s("MODEL_NAME", "str", None, "Hugging Face hub id or local folder of the model. Unset: the embedded default model "
+    _s("MODEL_NAME", "str", None, "Hugging Face hub id or local folder of the model, safetensors, of a supported "
+       "architecture (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Phi-3/4, Gemma 2, Gemma 3 text). Unset: the "
+       "embedded default model "
        "(SmolLM2-135M-Instruct, AWQ 4-bit), prepared once into the cache.", group="model"),
     _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME.", group="model"),
     _s("QUANTIZATION", "choice", None, "`awq` to insist on an AWQ checkpoint, `none` for plain weights; unset: read "

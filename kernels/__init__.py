@@ -5,7 +5,7 @@ Triton kernels take over on CUDA tensors (and on CPU tensors under
 TRITON_INTERPRET=1). Importing this package never touches CUDA.
 """
 from kernels.dispatch import use_triton
-from kernels.activation import silu_and_mul
+from kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.attention import paged_decode_attention, paged_prefill_attention
 from kernels.awq import (
     AWQPrepared,
@@ -17,16 +17,23 @@ from kernels.awq import (
     unpack_awq_int4,
 )
 from kernels.kv_cache import write_kv_cache
+from kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from kernels.norm import fused_add_rms_norm, rms_norm
 from kernels.rotary import rotary_embedding
 
 __all__ = [
+    "AWQExperts",
+    "awq_experts_dequantize",
+    "fused_moe",
+    "fused_moe_awq",
+    "moe_align",
     "AWQPrepared",
     "awq_dequantize",
     "awq_gemm",
     "awq_linear",
     "awq_prepare",
     "fused_add_rms_norm",
+    "gelu_tanh_and_mul",
     "pack_awq_int4",
     "paged_decode_attention",
     "paged_prefill_attention",

@@ -4,93 +4,71 @@ Decode: one query token per sequence. Prefill: variable-length query tokens
 packed without padding (query_start_loc), each sequence attending causally
 to its whole context, including a prefix already in the cache.
 Softmax in float32; GQA/MQA by grouping query heads over KV heads.
+Optional, per layer: a sliding window W (Hugging Face's: a query at position
+i sees keys j with i - W < j <= i; keys before a window are never read) and
+Gemma 2's logit soft-capping (scores = cap * tanh(scores / cap), on the
+scaled scores before the mask and the softmax).
 Triton kernels: split-KV decode (one program per sequence, KV head and split,
 all query heads of the group together, then a reduction over splits) and a
-flash-style causal prefill; the references below are the CPU path and oracle.
+flash-style causal prefill; the PyTorch references (CPU path and oracle) live
+in kernels/attention_reference.py. Window and soft-capping are constexpr flags
+of the kernels: without them the kernels compile to the code they had before.
 """
 import torch
 import triton.language as tl
 
+from kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
 from kernels.dispatch import autotune, jit_helper, lazy_jit, next_pow2, sm_count, use_triton
+
+__all__ = [
+    "DECODE_CONFIGS",
+    "decode_partition",
+    "decode_triton",
+    "paged_decode_attention",
+    "paged_decode_attention_reference",
+    "paged_prefill_attention",
+    "paged_prefill_attention_reference",
+    "prefill_triton",
+]
 
 LOG2E = 1.4426950408889634
 
 
-def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """[length, Hkv, D] of one sequence, read through its block table."""
-    block_size = cache.shape[1]
-    nblocks = (length + block_size - 1) // block_size
-    blocks = block_table[:nblocks].long()
-    return cache[blocks].reshape(nblocks * block_size, *cache.shape[2:])[:length]
+def _check_options(sliding_window, softcap) -> None:
+    """A window is a positive number of keys, a cap a positive float; None means off."""
+    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive or None, got {softcap!r}")
 
 
-def _attend(q, k, v, scale, mask=None):
-    """q [n, Hq, D], k/v [L, Hkv, D] -> [n, Hq, D]; mask [n, L] True = keep."""
-    n, hq, d = q.shape
-    hkv = k.shape[1]
-    group = hq // hkv
-    qf = q.float().reshape(n, hkv, group, d)
-    scores = torch.einsum("nhgd,lhd->hgnl", qf, k.float()) * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("hgnl,lhd->nhgd", probs, v.float())
-    return out.reshape(n, hq, d).to(q.dtype)
-
-
-def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """Batched over sequences: gathers every table up to the longest context and masks."""
-    batch, hq, d = q.shape
-    if batch == 0:
-        return torch.empty_like(q)
-    num_blocks, block_size, hkv, _ = k_cache.shape
-    nblk = -(-int(context_lens.max()) // block_size)
-    blocks = block_tables[:, :nblk].long().clamp(0, num_blocks - 1)  # entries past a context are masked
-    k = k_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float()
-    v = v_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float()
-    qf = q.float().reshape(batch, hkv, hq // hkv, d)
-    scores = torch.einsum("bhgd,blhd->bhgl", qf, k) * scale
-    keep = torch.arange(nblk * block_size, device=q.device)[None, :] < context_lens[:, None]
-    scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
-    out = torch.einsum("bhgl,blhd->bhgd", torch.softmax(scores, dim=-1), v)
-    return out.reshape(batch, hq, d).to(q.dtype)
-
-
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float):
-    """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] -> [B, Hq, D]."""
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
+                           sliding_window: int | None = None, softcap: float | None = None):
+    """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] -> [B, Hq, D].
+    The query sits at position context_lens[b] - 1; sliding_window / softcap: see the module."""
+    _check_options(sliding_window, softcap)
     if use_triton(q, k_cache, v_cache, block_tables, context_lens) and q.shape[0]:
-        return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
-
-
-def paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale):
-    out = torch.empty_like(q)
-    starts = query_start_loc.tolist()
-    for b in range(len(starts) - 1):
-        s, e = starts[b], starts[b + 1]
-        n, length = e - s, int(context_lens[b])
-        if n == 0:
-            continue
-        k = _gather_kv(k_cache, block_tables[b], length)
-        v = _gather_kv(v_cache, block_tables[b], length)
-        qpos = torch.arange(length - n, length, device=q.device)
-        kpos = torch.arange(length, device=q.device)
-        mask = kpos[None, :] <= qpos[:, None]
-        out[s:e] = _attend(q[s:e], k, v, scale, mask)
-    return out
+        return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale,
+                             sliding_window=sliding_window, softcap=softcap)
+    return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                            sliding_window=sliding_window, softcap=softcap)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float,
-                            max_query_len: int | None = None):
+                            max_query_len: int | None = None, *, sliding_window: int | None = None,
+                            softcap: float | None = None):
     """q [T, Hq, D] packed; query_start_loc int32 [B+1]; context_lens int32 [B]
     (cached prefix + new tokens, whose KV is already written) -> [T, Hq, D].
     Query token i of sequence b sits at position context_lens[b] - n_b + i.
     max_query_len (the largest n_b), when the caller knows it, spares the
-    Triton path a host synchronisation; it must not be smaller than the truth."""
+    Triton path a host synchronisation; it must not be smaller than the truth.
+    sliding_window / softcap: see the module."""
+    _check_options(sliding_window, softcap)
     if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
         return prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-                               max_query_len)
-    return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+                              max_query_len, sliding_window=sliding_window, softcap=softcap)
+    return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+                                             sliding_window=sliding_window, softcap=softcap)
 
 
 # ---------------------------------------------------------------- shared by both kernels
@@ -110,6 +88,21 @@ def _dot(a, b, FP32: tl.constexpr):
     else:
         out = tl.dot(a, b)
     return out
+
+
+@jit_helper
+def _scores(qk, qk_scale, cap_log2, SOFTCAP: tl.constexpr):
+    """Scores in the log2 domain: qk * qk_scale (scale * log2 e), or with SOFTCAP
+    cap * log2e * tanh(qk * qk_scale) (qk_scale is then scale / cap). tanh from
+    exp2 of -2|x|, odd by symmetry: saturates to +-1 for large |x|, never inf / inf."""
+    if SOFTCAP:
+        x = qk * qk_scale
+        t = tl.exp2(-2.8853900817779268 * tl.abs(x))  # e^(-2|x|)
+        th = (1.0 - t) / (1.0 + t)
+        s = cap_log2 * tl.where(x < 0, -th, th)
+    else:
+        s = qk * qk_scale
+    return s
 
 
 @jit_helper
@@ -135,18 +128,26 @@ def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, GROUP, D, PART, NUM_SPLITS,
+    qk_scale, cap_log2, window, GROUP, D, PART, NUM_SPLITS,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, FP32: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     hkv = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(cl_ptr + b)
     # this sequence's tokens per split: the grid is fixed by shapes (CUDA graphs),
-    # the work follows the real length; PART (from the table width) bounds it
-    part = tl.minimum(PART, tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N)
-    start = split * part
+    # the work follows the real range [lo, ctx), split from a BLOCK_N boundary at
+    # or below lo; PART (from the table width and the window) bounds it
+    if WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+        base = lo // BLOCK_N * BLOCK_N
+        part = tl.minimum(PART, tl.cdiv(tl.cdiv(ctx - base, NUM_SPLITS), BLOCK_N) * BLOCK_N)
+        start = base + split * part
+    else:
+        part = tl.minimum(PART, tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N)
+        start = split * part
     end = tl.minimum(start + part, ctx)
 
     g = tl.arange(0, BLOCK_G)
@@ -164,11 +165,14 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
+        if WINDOW:  # keys below the window are neither read nor counted
+            nmask = nmask & (n >= lo)
         row = _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)  # in flight with k
-        s = tl.where(nmask[None, :], _dot(q, tl.trans(k), FP32) * qk_scale, float("-inf"))
+        qk = _dot(q, tl.trans(k), FP32)
+        s = tl.where(nmask[None, :], _scores(qk, qk_scale, cap_log2, SOFTCAP), float("-inf"))
         p, alpha, l, m = _softmax_step(s, m, l, False)
         pv = _dot(p.to(v.dtype), v, FP32)
         acc = acc * alpha[:, None] + pv
@@ -213,13 +217,16 @@ def _decode_block_n(device) -> int:
 
 
 def decode_partition(batch: int, num_kv_heads: int, max_blocks: int, block_size: int, device,
-                     block_n: int | None = None, per_sm: int = 4) -> tuple:
+                     block_n: int | None = None, per_sm: int = 4, sliding_window: int | None = None) -> tuple:
     """(tokens per split, number of splits) for a launch: a function of shapes
-    only, never of context_lens values, so the grid is fixed for a CUDA graph.
-    The batch counts as its next power of two, as the tuner's key does: a graph
-    padded to a rung of its batch ladder then splits as the unpadded batch does."""
+    (and of the layer's window) only, never of context_lens values, so the grid
+    is fixed for a CUDA graph. The batch counts as its next power of two, as the
+    tuner's key does: a graph padded to a rung of its batch ladder then splits
+    as the unpadded batch does."""
     block_n = block_n or _decode_block_n(device)
     max_ctx = max_blocks * block_size
+    if sliding_window is not None:  # the span [lo, ctx) from lo's BLOCK_N boundary
+        max_ctx = min(max_ctx, sliding_window + block_n - 1)
     min_part = 64 if device.type == "cuda" else 32
     want = -(-per_sm * sm_count(device) // (next_pow2(batch) * num_kv_heads))  # about per_sm programs per SM
     splits = max(1, min(want, -(-max_ctx // min_part)))
@@ -243,7 +250,15 @@ def _paged_layout(q, k_cache, v_cache):
     return (q if q.stride(-1) == 1 else q.contiguous()), block_size, HKV
 
 
-def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config=None):
+def _score_args(scale, softcap) -> tuple:
+    """(qk_scale, cap_log2) of the kernels' _scores: the cap folds into the scale."""
+    if softcap is None:
+        return float(scale) * LOG2E, 0.0
+    return float(scale) / float(softcap), float(softcap) * LOG2E
+
+
+def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config=None, *,
+                  sliding_window=None, softcap=None):
     """The Triton decode; config: one of DECODE_CONFIGS to run (tests), None tunes per shape."""
     B, HQ, D = q.shape
     q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
@@ -256,7 +271,8 @@ def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config
         block_n, warps, stages, per_sm = cfg
         if not q.is_cuda:
             block_n = _decode_block_n(q.device)
-        part, splits = decode_partition(B, HKV, block_tables.shape[1], block_size, q.device, block_n, per_sm)
+        part, splits = decode_partition(B, HKV, block_tables.shape[1], block_size, q.device, block_n, per_sm,
+                                        sliding_window)
         if splits > 1:
             po = torch.empty(B * HQ * splits, D, dtype=torch.float32, device=q.device)
             pm = torch.empty(B * HQ * splits, dtype=torch.float32, device=q.device)
@@ -267,9 +283,10 @@ def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config
             q, k_cache, v_cache, block_tables, context_lens, out, po, pm, pl,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-            float(scale) * LOG2E, group, D, part, splits,
+            *_score_args(scale, softcap), sliding_window or 0, group, D, part, splits,
             BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, next_pow2(group)),
-            BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, num_warps=warps, num_stages=stages,
+            BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, WINDOW=sliding_window is not None,
+            SOFTCAP=softcap is not None, num_warps=warps, num_stages=stages,
         )
         if splits > 1:
             _decode_reduce_kernel[(B, HQ)](
@@ -278,7 +295,9 @@ def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config
             )
 
     configs = DECODE_CONFIGS if q.is_cuda else DECODE_CONFIGS[:1]
-    key = (next_pow2(B), HQ, HKV, D, block_tables.shape[1], block_size, q.dtype, k_cache.dtype)
+    # the window changes the split (and how much each split reads); the cap adds math per score
+    key = (next_pow2(B), HQ, HKV, D, block_tables.shape[1], block_size, q.dtype, k_cache.dtype,
+           sliding_window, softcap is not None)
     launch(config or autotune("paged_decode", key, configs, launch))
     return out
 
@@ -290,9 +309,9 @@ def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, cl_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, GROUP, D,
+    qk_scale, cap_log2, window, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, FP32: tl.constexpr,
+    BLOCK_D: tl.constexpr, FP32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     b = tl.program_id(1)
@@ -317,16 +336,26 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # keys up to the tile's last query position (0 when the tile is past n_new)
     hi = tl.where(tile * BLOCK_M < n_new, tl.minimum(ctx, prefix + (tile + 1) * BLOCK_M), 0)
+    # and from the first key the tile's first query sees (its BLOCK_N boundary)
+    if WINDOW:
+        lo = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
+        n_start = lo // BLOCK_N * BLOCK_N
+    else:
+        n_start = 0
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for n0 in range(0, hi, BLOCK_N):
+    for n0 in range(n_start, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < hi
+        if WINDOW:  # keys below the tile's window are not read
+            nmask = nmask & (n >= lo)
         row = _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
         qk = _dot(q, tl.trans(k), FP32)
         keep = nmask[None, :] & (n[None, :] <= qpos[:, None])
-        s = tl.where(keep, qk * qk_scale, float("-inf"))
+        if WINDOW:
+            keep = keep & (n[None, :] > qpos[:, None] - window)
+        s = tl.where(keep, _scores(qk, qk_scale, cap_log2, SOFTCAP), float("-inf"))
         p, alpha, l, m = _softmax_step(s, m, l, True)
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
         pv = _dot(p.to(v.dtype), v, FP32)
@@ -337,7 +366,8 @@ def _prefill_kernel(
              o.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
-def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None):
+def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None, *,
+                   sliding_window=None, softcap=None):
     """The Triton prefill (one host sync for the longest query when max_new is None)."""
     T, HQ, D = q.shape
     q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
@@ -357,8 +387,9 @@ def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_l
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        float(scale) * LOG2E, HQ // HKV, D,
+        *_score_args(scale, softcap), sliding_window or 0, HQ // HKV, D,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(D),
-        FP32=fp32, num_warps=warps, num_stages=stages,
+        FP32=fp32, WINDOW=sliding_window is not None, SOFTCAP=softcap is not None,
+        num_warps=warps, num_stages=stages,
     )
     return out

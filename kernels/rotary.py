@@ -12,10 +12,11 @@ from kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The first 2 * half dims rotated (pairs (i, i + half)); dims past them unchanged."""
     half = cos.shape[-1]
-    x1, x2 = x[..., :half], x[..., half:]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
 
 
 def rotary_embedding_reference(positions, q, k, cos_sin_cache):

@@ -42,23 +42,51 @@ def make_tokenizer(vocab_size: int = 400):
     return fast
 
 
+def _longrope(rotary_dim: int, original: int) -> dict:
+    """longrope parameters (Phi-3 128k style) for a rotary of rotary_dim dims."""
+    half = rotary_dim // 2
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": original,
+            "short_factor": [1.0 + 0.1 * i for i in range(half)], "long_factor": [1.5 + 0.5 * i for i in range(half)]}
+
+
 def tiny_config(arch: str, vocab_size: int, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    import transformers as tf
 
     common = dict(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.2, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6, pad_token_id=0,
     )
     common.update(overrides)
     if arch == "llama":
-        return LlamaConfig(**common)
+        return tf.LlamaConfig(**common)
     if arch == "qwen2":
         common.setdefault("tie_word_embeddings", True)
-        return Qwen2Config(**common)
+        return tf.Qwen2Config(**common)
     if arch == "mistral":
         common.setdefault("sliding_window", None)
-        return MistralConfig(**common)
+        return tf.MistralConfig(**common)
+    if arch == "qwen3":  # head_dim 32 is not hidden / heads (16)
+        common.setdefault("head_dim", 32)
+        return tf.Qwen3Config(**common)
+    if arch == "qwen3_moe":
+        common.update({k: v for k, v in dict(head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                               moe_intermediate_size=32, norm_topk_prob=True).items()
+                       if k not in overrides})
+        return tf.Qwen3MoeConfig(**common)
+    if arch == "phi3":  # Phi-4-mini style: partial rotary 0.75, longrope
+        head_dim = common["hidden_size"] // common["num_attention_heads"]
+        common.setdefault("partial_rotary_factor", 0.75)
+        common.setdefault("original_max_position_embeddings", 64)
+        rope = _longrope(int(head_dim * common["partial_rotary_factor"]), common["original_max_position_embeddings"])
+        rope["partial_rotary_factor"] = common["partial_rotary_factor"]
+        common.setdefault("rope_parameters", rope)
+        return tf.Phi3Config(**common)
+    if arch in ("gemma3", "gemma2"):
+        common.update({k: v for k, v in dict(head_dim=32, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh",
+                                               tie_word_embeddings=True).items() if k not in overrides})
+        common.pop("hidden_act", None)
+        return (tf.Gemma3TextConfig if arch == "gemma3" else tf.Gemma2Config)(**common)
     raise ValueError(arch)
 
 
@@ -72,11 +100,12 @@ def make_checkpoint(path: str, arch: str = "llama", seed: int = 0, **overrides) 
     cfg = tiny_config(arch, overrides.pop("vocab_size", len(tok)), **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    if arch == "qwen2":  # biases start at zero; make them matter
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("bias"):
-                    p.normal_(0, 0.2)
+    with torch.no_grad():  # biases and Gemma's norms start at zero; make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or (arch.startswith("gemma") and "norm" in name):
+                p.normal_(0, 0.2)
+            elif arch.startswith("gemma") and "embed_tokens" in name:
+                p.mul_(cfg.hidden_size**-0.5)  # Gemma scales them up by sqrt(hidden): keep the layers' share
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

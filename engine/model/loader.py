@@ -100,10 +100,6 @@ def read_model_spec(path: str, max_model_len: int | None = None, quantization: s
         raise ModelLoadError(f"config.json at {path!r} could not be read: {exc}") from exc
     archs = list(getattr(cfg, "architectures", None) or [])
     spec = registry.model_class(archs[0] if archs else None).spec_from_config(cfg)
-    want_len = max_model_len or spec.max_position_embeddings
-    if spec.sliding_window is not None and spec.sliding_window < want_len:
-        raise UnsupportedModelError(f"sliding window {spec.sliding_window} is shorter than max_model_len {want_len}; "
-                                    "sliding-window attention is not supported")
     spec.quant = quant_from_config(cfg, quantization)
     return spec
 
@@ -135,12 +131,27 @@ def loadable_modules(model) -> dict:
     return {n: m for n, m in model.named_modules() if hasattr(m, "expected") and hasattr(m, "load")}
 
 
+def default_route(model, key: str) -> tuple[str, object, str]:
+    """(loadable module, shard, tensor name) of one of our tensor names, through the
+    model's packed_modules_mapping (q_proj -> shard 0 of qkv_proj, ...)."""
+    module, _, param = key.rpartition(".")
+    parent, _, proj = module.rpartition(".")
+    target, shard = model.packed_modules_mapping.get(proj, (proj, 0))
+    return (f"{parent}.{target}" if parent else target), shard, param
+
+
 def load_weights(model, weights) -> None:
     """weights: iterable of (checkpoint name, tensor). Each goes where the model's
     checkpoint_name and packed_modules_mapping put it: into a loadable module (a merged
     shard of a linear, this rank's part) or a parameter of its own (copied). Every
-    parameter must be filled and every checkpoint tensor used; otherwise ValueError."""
+    parameter must be filled and every checkpoint tensor used; otherwise ValueError.
+    A model may route names itself: route_weight(key) -> (module, shard, tensor name) or None."""
     modules = loadable_modules(model)
+    custom = getattr(model, "route_weight", None)
+
+    def route(key):
+        return (custom(key) if custom else None) or default_route(model, key)
+
     params = {n: p for n, p in model.named_parameters() if n.rpartition(".")[0] not in modules}
     filled = set()
     for ckpt_name, tensor in weights:
@@ -154,13 +165,16 @@ def load_weights(model, weights) -> None:
             params[key].data.copy_(tensor)
             filled.add(key)
             continue
-        module, _, param = key.rpartition(".")
-        parent, _, proj = module.rpartition(".")
-        target, shard = model.packed_modules_mapping.get(proj, (proj, 0))
-        owner = modules.get(f"{parent}.{target}" if parent else target)
+        target, shard, param = route(key)
+        owner = modules.get(target)
         if owner is None:
             raise ValueError(f"checkpoint tensor {ckpt_name} has no place in the model")
-        owner.load(shard, param, tensor)
+        try:
+            owner.load(shard, param, tensor)
+        except KeyError as exc:
+            raise ValueError(f"checkpoint tensor {ckpt_name}: {target} has no tensor {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"checkpoint tensor {ckpt_name}: {exc}") from None
     missing = [f"{n} {e}" for n, m in modules.items() for e in sorted(m.expected() - m.loaded)]
     missing += [n for n in params if n not in filled]
     if missing:

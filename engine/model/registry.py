@@ -8,8 +8,12 @@ import torch
 
 from engine.distributed import TPGroup
 from engine.errors import UnsupportedModelError
+from engine.model.gemma3 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.model.llama import LlamaForCausalLM
+from engine.model.phi3 import Phi3ForCausalLM
 from engine.model.qwen2 import Qwen2ForCausalLM
+from engine.model.qwen3 import Qwen3ForCausalLM
+from engine.model.qwen3_moe import Qwen3MoeForCausalLM
 from engine.model.spec import ModelSpec, TPSplit
 
 
@@ -25,7 +29,7 @@ class CausalLM(Protocol):
     @classmethod
     def spec_from_config(cls, cfg) -> ModelSpec:
         """The transformers config read, with the family's quirks; UnsupportedModelError
-        for what it cannot run (quantization and sliding window are the loader's)."""
+        for what it cannot run (quantization is the loader's)."""
 
     @classmethod
     def tp_rules(cls, spec: ModelSpec) -> tuple[list[tuple[str, int]], list[TPSplit]]:
@@ -43,8 +47,13 @@ class CausalLM(Protocol):
 
 ARCHITECTURES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,  # a sliding window shorter than the context is refused
+    "MistralForCausalLM": LlamaForCausalLM,  # every layer sliding when sliding_window is set
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 

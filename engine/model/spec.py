@@ -2,7 +2,7 @@
 architecture), and what tensor parallelism must split evenly (TPSplit)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine.errors import UnsupportedModelError
@@ -33,6 +33,18 @@ class ModelSpec:
     quant: QuantMethod | None = None  # None: dense
     eos_token_id: object = None  # int or list, from config.json
     sliding_window: int | None = None  # attention window; None: full attention
+    # per layer "sliding_attention" / "full_attention"; None: every layer sliding when sliding_window is set
+    layer_types: tuple[str, ...] | None = None
+    rotary_dim: int | None = None  # rotated dims of a head (partial_rotary_factor); None: head_dim
+    extra: dict = field(default_factory=dict)  # a family's own values (e.g. "moe", "gemma")
+
+    def window(self, layer: int) -> int | None:
+        """The attention window of a layer (None: full attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
 
     @property
     def quant_group_size(self) -> int | None:
@@ -49,10 +61,11 @@ class TPSplit(NamedTuple):
     split: str  # "column" | "row"
 
 
-def rope_from_config(cfg) -> tuple[float, dict | None]:
-    """rope theta and scaling from transformers 5 (rope_parameters) or 4
-    (rope_theta/rope_scaling); UnsupportedModelError for a rope type we lack."""
-    params = getattr(cfg, "rope_parameters", None)
+def rope_from_config(cfg, params: dict | None = None) -> tuple[float, dict | None]:
+    """rope theta and scaling from transformers 5 (rope_parameters, or `params`: one
+    layer type's entry of them) or 4 (rope_theta/rope_scaling); UnsupportedModelError
+    for a rope type we lack."""
+    params = params if params is not None else getattr(cfg, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
         scaling = dict(params)
         theta = float(scaling.pop("rope_theta"))
@@ -66,6 +79,18 @@ def rope_from_config(cfg) -> tuple[float, dict | None]:
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(f"rope scaling {rope_type!r} is not supported ({sorted(ROPE_TYPES)})")
-    if scaling and rope_type == "default" and len(scaling) > 1:
+    if scaling and rope_type in ("longrope", "yarn") and "original_max_position_embeddings" not in scaling:
+        original = getattr(cfg, "original_max_position_embeddings", None)
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+    if scaling and rope_type == "default":
         scaling = None
     return theta, scaling
+
+
+def partial_rotary_factor(cfg) -> float:
+    """The fraction of a head's dims rotary rotates (rope_parameters' or the config's)."""
+    params = getattr(cfg, "rope_parameters", None)
+    if isinstance(params, dict) and params.get("partial_rotary_factor") is not None:
+        return float(params["partial_rotary_factor"])
+    return float(getattr(cfg, "partial_rotary_factor", None) or 1.0)

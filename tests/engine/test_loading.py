@@ -73,7 +73,8 @@ def test_sharded_checkpoint_with_index(tiny_llama_dir, tmp_path):
 
 @pytest.mark.parametrize("edit,words", [
     (lambda c: c.update(architectures=["GPT2LMHeadModel"]), "architecture 'GPT2LMHeadModel'"),
-    (lambda c: c["rope_parameters"].update(rope_type="yarn"), "rope scaling 'yarn'"),
+    (lambda c: c["rope_parameters"].update(rope_type="dynamic"), "rope scaling 'dynamic'"),
+    (lambda c: c.update(architectures=["Gemma3ForConditionalGeneration"]), "architecture 'Gemma3ForConditionalGeneration'"),
     (lambda c: c.update(quantization_config={"quant_method": "gptq", "bits": 4}), "quantization method 'gptq'"),
     (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 8, "group_size": 128}), "8 bits"),
     (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4, "group_size": 96}), "group size 96"),
@@ -88,10 +89,12 @@ def test_unsupported_is_named_before_weights_are_read(tiny_llama_dir, tmp_path, 
     assert words in str(err.value) and err.value.code == "model_load_failed"
 
 
-def test_mistral_sliding_window_shorter_than_context_is_refused(tiny_mistral_dir, tmp_path):
-    bad = _copy(tiny_mistral_dir, tmp_path / "sw", lambda c: c.update(sliding_window=64), drop_weights=True)
-    with pytest.raises(UnsupportedModelError, match="sliding window 64"):
-        LLM(str(bad), num_kv_blocks=8)
+def test_mistral_sliding_window_is_run_not_refused(tiny_mistral_dir, tmp_path):
+    """A window shorter than the context now runs (it was refused before sliding-window
+    attention); a window longer than every prompt changes nothing."""
+    sw = _copy(tiny_mistral_dir, tmp_path / "sw", lambda c: c.update(sliding_window=64))
+    assert read_model_spec(str(sw)).window(0) == 64
+    LLM(str(sw), num_kv_blocks=8)
     ok = _copy(tiny_mistral_dir, tmp_path / "sw-ok", lambda c: c.update(sliding_window=4096))
     assert _tokens(str(ok), max_model_len=512) == _tokens(tiny_mistral_dir)
 

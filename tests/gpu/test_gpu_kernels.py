@@ -127,6 +127,40 @@ def test_prefill_attention_real_shapes(dtype, gen):
     check(out, ref, dtype, "prefill")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(1024, None), (4096, 50.0), (37, None), (512, 2.0)])
+def test_sliding_window_and_softcap_decode_and_prefill(dtype, window, softcap, gen):
+    """Gemma / Mistral windows and Gemma 2 soft-capping at real shapes, decode (in a CUDA
+    graph too, every config) and prefill with cached prefixes longer than the window."""
+    from kernels import attention as att
+
+    bs, batch = 16, 6
+    k, v, bt = _paged(batch, 8192 // bs + 1, bs, dtype, gen)
+    lens = torch.tensor([1, 37, 1025, 4000, 8192, 5000], dtype=torch.int32, device="cuda")
+    q = _rand((batch, HQ, D), dtype, gen)
+    kw = dict(sliding_window=window, softcap=softcap)
+    ref = att.paged_decode_attention_reference(q.float(), k.float(), v.float(), bt, lens, D**-0.5, **kw)
+    check(att.paged_decode_attention(q, k, v, bt, lens, D**-0.5, **kw), ref, dtype, f"decode w={window}")
+    for cfg in att.DECODE_CONFIGS[:: 6 if dtype == torch.float32 else 1]:
+        check(att.decode_triton(q, k, v, bt, lens, D**-0.5, cfg, **kw), ref, dtype, f"decode {cfg}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = att.paged_decode_attention(q, k, v, bt, lens, D**-0.5, **kw)
+    lens.copy_(torch.tensor([8000, 2, 300, 1024, 1023, 7777], dtype=torch.int32))
+    graph.replay()
+    ref = att.paged_decode_attention_reference(q.float(), k.float(), v.float(), bt, lens, D**-0.5, **kw)
+    check(out, ref, dtype, f"decode in graph w={window}")
+    seqs = [(700, 0), (129, 5000), (1, 1000), (333, 64), (2048, 2048), (16, 100)]  # (new, cached prefix)
+    plens = torch.tensor([n + p for n, p in seqs], dtype=torch.int32, device="cuda")
+    n_new = torch.tensor([n for n, _ in seqs], device="cuda")
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32, device="cuda")
+    qsl[1:] = n_new.cumsum(0)
+    qp = _rand((int(n_new.sum()), HQ, D), dtype, gen)
+    out = att.paged_prefill_attention(qp, k, v, bt, qsl, plens, D**-0.5, **kw)
+    ref = att.paged_prefill_attention_reference(qp.float(), k.float(), v.float(), bt, qsl, plens, D**-0.5, **kw)
+    check(out, ref, dtype, f"prefill w={window}")
+
+
 def _awq(K, N, G, dtype, gen):
     from kernels.awq import pack_awq_int4
 

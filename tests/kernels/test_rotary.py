@@ -44,3 +44,26 @@ def test_rotary_non_unit_last_stride_still_in_place(rng):
     rotary_embedding(pos, q, k, cache)
     assert_close(q, q_ref, torch.float32, rng.initial_seed(), "q strided")
     assert_close(base[..., ::2], q_ref, torch.float32, rng.initial_seed(), "q written back")
+
+
+@pytest.mark.parametrize("rot", [48, 96])
+def test_partial_rotary_leaves_the_other_dims(rot, rng):
+    """partial_rotary_factor: only the first rot dims turn (pairs (i, i + rot/2)), as in
+    transformers' apply_rotary_pos_emb on q[..., :rot]; Triton and the reference agree."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    T, D = 7, 128
+    q, k = torch.randn(T, 4, D, generator=rng), torch.randn(T, 2, D, generator=rng)
+    cache = _cache(32, rot)
+    pos = torch.randint(0, 32, (T,), generator=rng)
+    cos, sin = cache[pos].chunk(2, dim=-1)
+    cos, sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
+    hf_q, hf_k = apply_rotary_pos_emb(q[..., :rot].transpose(0, 1)[None], k[..., :rot].transpose(0, 1)[None], cos, sin)
+    q_ref, k_ref = q.clone(), k.clone()
+    rotary_embedding_reference(pos, q_ref, k_ref, cache)
+    torch.testing.assert_close(q_ref[..., :rot], hf_q[0].transpose(0, 1))
+    torch.testing.assert_close(k_ref[..., :rot], hf_k[0].transpose(0, 1))
+    assert torch.equal(q_ref[..., rot:], q[..., rot:]) and torch.equal(k_ref[..., rot:], k[..., rot:])
+    rotary_embedding(pos, q, k, cache)
+    assert_close(q, q_ref, torch.float32, rng.initial_seed(), "q partial")
+    assert_close(k, k_ref, torch.float32, rng.initial_seed(), "k partial")

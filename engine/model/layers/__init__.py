@@ -3,10 +3,10 @@ tensor-parallel), the vocab-parallel embedding, RMSNorm, rotary cache, paged att
 from engine.model.layers.attention import ForwardContext, PagedAttention, forward_context, get_forward_context
 from engine.model.layers.embedding import VocabParallelEmbedding
 from engine.model.layers.linear import DENSE, Dense, Linear, make_linear
-from engine.model.layers.norm import RMSNorm
+from engine.model.layers.norm import GemmaRMSNorm, RMSNorm
 from engine.model.layers.rotary import ROPE_TYPES, rope_cache, rope_inv_freq
 
 __all__ = [
-    "DENSE", "Dense", "ForwardContext", "Linear", "PagedAttention", "RMSNorm", "ROPE_TYPES", "VocabParallelEmbedding",
+    "DENSE", "Dense", "ForwardContext", "GemmaRMSNorm", "Linear", "PagedAttention", "RMSNorm", "ROPE_TYPES", "VocabParallelEmbedding",
     "forward_context", "get_forward_context", "make_linear", "rope_cache", "rope_inv_freq",
 ]

@@ -42,10 +42,15 @@ def get_forward_context() -> ForwardContext:
 class PagedAttention(nn.Module):
     """Writes this step's K/V into the layer's paged cache, then attends."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
+                 sliding_window: int | None = None, softcap: float | None = None):
+        """scale None: head_dim ** -0.5. sliding_window: a query at position i sees
+        keys j with i - W < j <= i (Hugging Face's); None attends the whole context.
+        softcap: Gemma 2's attn_logit_softcapping (cap * tanh(scores / cap)); None off."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else float(scale)
+        self.sliding_window, self.softcap = sliding_window, softcap
         self.k_cache = self.v_cache = None  # set by the runner
 
     def forward(self, q, k, v):
@@ -53,9 +58,10 @@ class PagedAttention(nn.Module):
         kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_decode:
             return kernels.paged_decode_attention(
-                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale,
+                sliding_window=self.sliding_window, softcap=self.softcap,
             )
         return kernels.paged_prefill_attention(
             q, self.k_cache, self.v_cache, ctx.block_tables, ctx.query_start_loc, ctx.context_lens, self.scale,
-            max_query_len=ctx.max_query_len or None,
+            max_query_len=ctx.max_query_len or None, sliding_window=self.sliding_window, softcap=self.softcap,
         )

@@ -9,6 +9,8 @@ from torch import nn
 from engine.distributed import SINGLE, TPGroup
 from engine.quant import LinearMethod, QuantMethod
 
+FUSED = "fused"  # the shard of a checkpoint tensor that holds every merged shard (Phi-3's qkv_proj)
+
 
 class Dense(LinearMethod):
     """Unquantized: weight [N, K] and bias [N] in the model's dtype."""
@@ -61,14 +63,36 @@ class Linear(nn.Module):
     def shard_offset(self, shard: int) -> int:
         return sum(self.output_sizes[:shard])
 
-    def load(self, shard: int, name: str, tensor: torch.Tensor) -> None:
-        """One checkpoint tensor of merged shard `shard` (this rank's part of it is kept)."""
+    def load(self, shard: int | str, name: str, tensor: torch.Tensor) -> None:
+        """One checkpoint tensor of merged shard `shard` (this rank's part of it is kept);
+        shard FUSED: the tensor holds every shard, side by side along the output features."""
+        if shard == FUSED:
+            self._load_fused(name, tensor)
+            return
         dims = self.method.tp_dims.get(name)
         if self.split is not None and dims is not None:
             dim = dims[0 if self.split == "column" else 1]
             tensor = tensor if dim is None else self.tp.shard(tensor, dim, name)
         self.method.load(self, shard, name, tensor)
         self.loaded.add((shard, name))
+
+    def _load_fused(self, name: str, tensor: torch.Tensor) -> None:
+        """Cut a fused checkpoint tensor into its shards (in proportion to output_sizes
+        along the format's output dim, so packed formats cut in packed units)."""
+        dims = self.method.tp_dims.get(name)
+        dim = dims[0] if dims is not None else None
+        if dim is None:
+            raise KeyError(name)
+        total = sum(self.output_sizes)
+        if tensor.shape[dim] * self.output_sizes[0] % total:
+            raise ValueError(f"{name}: fused checkpoint shape {tuple(tensor.shape)} does not split "
+                             f"into {self.output_sizes}")
+        sizes = [tensor.shape[dim] * s // total for s in self.output_sizes]
+        if sum(sizes) != tensor.shape[dim]:
+            raise ValueError(f"{name}: fused checkpoint shape {tuple(tensor.shape)} does not split "
+                             f"into {self.output_sizes}")
+        for i, part in enumerate(tensor.split(sizes, dim=dim)):
+            self.load(i, name, part)
 
     def expected(self) -> set[tuple[int, str]]:
         names = self.method.tensor_names(self)

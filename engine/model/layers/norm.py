@@ -1,4 +1,5 @@
-"""RMSNorm over kernels.rms_norm, fused with the residual add after the first layer."""
+"""RMSNorm over kernels.rms_norm, fused with the residual add after the first layer;
+Gemma's variant scales by (1 + weight), folded into the weight when it is loaded."""
 from __future__ import annotations
 
 import torch
@@ -18,3 +19,30 @@ class RMSNorm(nn.Module):
         if residual is None:
             return kernels.rms_norm(x, self.weight, self.eps), x.clone()
         return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def plain(self, x):
+        """The norm of x over its last dim (no residual): per-head q/k norms, Gemma's post norms."""
+        return kernels.rms_norm(x, self.weight, self.eps)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's checkpoints store w where the norm scales by (1 + w): the layer loads
+    1 + w (computed in float32) into its weight, so it runs as a plain RMSNorm."""
+
+    def __init__(self, size: int, eps: float, dtype, device):
+        super().__init__(size, eps, dtype, device)
+        self.loaded: set = set()
+
+    def load(self, shard, name: str, tensor: torch.Tensor) -> None:
+        if name != "weight":
+            raise KeyError(name)
+        if tuple(tensor.shape) != tuple(self.weight.shape):
+            raise ValueError(f"weight: checkpoint shape {tuple(tensor.shape)}, expected {tuple(self.weight.shape)}")
+        self.weight.data.copy_(tensor.float() + 1.0)
+        self.loaded.add((shard, name))
+
+    def expected(self) -> set:
+        return {(0, "weight")}
+
+    def finalize(self) -> None:
+        pass

@@ -1,0 +1,95 @@
+"""E4 of benchmarks/serve.py: Qwen3-30B-A3B shapes (48 layers, 128 experts, top-8),
+AWQ experts through the fused MoE path, against its floor and HF `generate` bf16.
+
+The floor of a decode step reads the dense weights (attention, routers, lm_head) and
+the experts the step's tokens route to: with c tokens each picking k of E experts,
+E (1 - (1 - k/E)^c) distinct experts per layer on average (routing of random weights
+and inputs is close to uniform), each 3 H I 4-bit weights with their scales/zeros."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+QWEN3_30B_A3B = dict(arch="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                     moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                     head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+
+def config(shapes: dict):
+    from transformers import Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(**{k: v for k, v in shapes.items() if k != "arch"})
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return cfg
+
+
+def _int4_bytes(params: float, group: int) -> float:
+    return params / 2 + params / group * (2 + 0.5)  # int4 weights, fp16 scales and int4 zeros per group
+
+
+def _attention_params(s: dict) -> int:
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    return s["hidden_size"] * (q + 2 * kv) + q * s["hidden_size"]
+
+
+def expert_params(s: dict) -> int:
+    return 3 * s["hidden_size"] * s["moe_intermediate_size"]
+
+
+def distinct_experts(s: dict, tokens: int) -> float:
+    """Expected experts of one layer that `tokens` tokens route to (uniform routing)."""
+    e, k = s["num_experts"], s["num_experts_per_tok"]
+    return e * (1 - (1 - k / e) ** tokens)
+
+
+def step_bytes(s: dict, group: int, tokens: int) -> float:
+    """Weight bytes a step of `tokens` tokens reads: AWQ attention, the routed AWQ experts,
+    bf16 routers and lm_head."""
+    layers, h = s["num_hidden_layers"], s["hidden_size"]
+    dense = layers * (_int4_bytes(_attention_params(s), group) + h * s["num_experts"] * 2)
+    experts = layers * distinct_experts(s, tokens) * _int4_bytes(expert_params(s), group)
+    return dense + experts + s["vocab_size"] * h * 2
+
+
+def active_params(s: dict) -> int:
+    """Parameters one token multiplies through (FLOPs / 2)."""
+    per_layer = _attention_params(s) + s["num_experts_per_tok"] * expert_params(s) + s["hidden_size"] * s["num_experts"]
+    return s["num_hidden_layers"] * per_layer + s["vocab_size"] * s["hidden_size"]
+
+
+def kv_bytes_per_token(s: dict) -> int:
+    return s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * 2 * 2
+
+
+def floor_seconds(s, group, n_requests, concurrency, prompt_len, out_len, bw, peak):
+    """Sum over decode steps of max(bytes / bandwidth, FLOPs / peak), bytes = the routed
+    weights plus the running KV; prefill 2 x active params FLOPs per token."""
+    waves = n_requests / concurrency
+    w = step_bytes(s, group, concurrency)
+    decode = sum(max((w + concurrency * (prompt_len + i) * kv_bytes_per_token(s)) / bw,
+                     2 * active_params(s) * concurrency / peak) for i in range(out_len))
+    prefill = n_requests * prompt_len * 2 * active_params(s) / peak
+    return waves * decode + prefill
+
+
+def hf_peer(s: dict, batch: int, prompt_len: int, out_len: int) -> float:
+    """transformers' Qwen3-MoE in bf16 (random weights made on the GPU), static batch: tok/s."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config(s), dtype=torch.bfloat16).eval()
+    ids = torch.randint(100, s["vocab_size"] - 100, (batch, prompt_len), device="cuda")
+    with torch.no_grad():
+        model.generate(ids[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len, min_new_tokens=out_len,
+                       do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    del model
+    torch.cuda.empty_cache()
+    return batch * out_len / wall

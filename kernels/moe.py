@@ -1,0 +1,236 @@
+"""Fused mixture-of-experts: out[t] = sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t))
+with e = topk_ids[t, k] (the experts of Qwen3-MoE / transformers' `*Experts` modules).
+
+Weights: dense w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and w2 [E, H, I];
+or AWQExperts, the AutoAWQ GEMM layout of each expert stacked along a new first
+dim (see AWQExperts). The reference loops over the experts that have tokens
+(the CPU path and the oracle). The Triton path (CUDA; CPU under the
+interpreter) sorts the (token, slot) pairs by expert and pads each expert's
+run to the GEMM's BLOCK_M with torch ops on the device (moe_align: static
+sizes, no host synchronisation, so it can be captured in a CUDA graph), then
+runs two grouped GEMMs of kernels.moe_gemm, one launch each: w13 with the
+gather of token rows and silu(gate) * up fused in, then w2 with the routing
+weight multiplied in, one row per (token, slot); the slots are summed last.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from kernels import moe_gemm
+from kernels.awq_format import awq_dequantize, check_awq_shapes
+from kernels.dispatch import autotune, next_pow2, use_triton
+
+
+class AWQExperts(NamedTuple):
+    """E experts' 4-bit AWQ weights of one projection (K inputs, N outputs), each
+    expert's AutoAWQ GEMM tensors as they are in the checkpoint, stacked:
+    qweight int32 [E, K, N/8] (8 columns a word, AutoAWQ's nibble order),
+    qzeros int32 [E, K/G, N/8], scales [E, K/G, N]. The Triton GEMM reads it
+    directly: a K step of one group loads [BLOCK_K, BLOCK_N/8] words, one
+    zeros word row and one scales row. For w13, N = 2I: the gate's columns,
+    then the up's (I a multiple of 8, so no word is shared)."""
+
+    qweight: torch.Tensor
+    qzeros: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, N, K), as a dense [E, N, K] weight's."""
+        E, K, N8 = self.qweight.shape
+        return E, N8 * 8, K
+
+
+def awq_experts_dequantize(w: AWQExperts, dtype=None) -> torch.Tensor:
+    """The dense [E, N, K] weight (dtype: the scales') of AWQ experts."""
+    return torch.stack([awq_dequantize(w.qweight[e], w.qzeros[e], w.scales[e], w.group_size, dtype).t()
+                        for e in range(w.qweight.shape[0])])
+
+
+def check_awq_experts(w: AWQExperts, what: str) -> None:
+    """ValueError naming `what` unless the tensors are E experts of one AWQ layout."""
+    E, K, N8 = w.qweight.shape
+    if w.qzeros.shape[0] != E or w.scales.shape[0] != E:
+        raise ValueError(f"{what}: qweight {tuple(w.qweight.shape)}, qzeros {tuple(w.qzeros.shape)}, "
+                         f"scales {tuple(w.scales.shape)} hold different numbers of experts")
+    check_awq_shapes(K, N8, w.qzeros[0], w.scales[0], w.group_size, what)
+
+
+# ----------------------------------------------------------------------------
+# the reference
+
+
+def _reference(x, topk_weights, topk_ids, expert) -> torch.Tensor:
+    """expert(e) -> (w13 [2I, H], w2 [H, I]); float32 math, the experts in
+    ascending order (as transformers), the result in x's dtype."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        tok, slot = torch.where(topk_ids == e)
+        w13, w2 = expert(e)
+        h = x[tok].float() @ w13.float().t()
+        gate, up = h.chunk(2, dim=-1)
+        y = (F.silu(gate) * up) @ w2.float().t()
+        out.index_add_(0, tok, y * topk_weights[tok, slot, None].float())
+    return out.to(x.dtype)
+
+
+def fused_moe_reference(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """PyTorch fused_moe on dense weights (one matmul pair per expert with tokens)."""
+    return _reference(x, topk_weights, topk_ids, lambda e: (w13[e], w2[e]))
+
+
+def fused_moe_awq_reference(x, w13: AWQExperts, w2: AWQExperts, topk_weights, topk_ids) -> torch.Tensor:
+    """PyTorch fused_moe on AWQ experts: each used expert dequantized (kernels.awq_dequantize)."""
+    def expert(e):
+        a = awq_dequantize(w13.qweight[e], w13.qzeros[e], w13.scales[e], w13.group_size, torch.float32)
+        b = awq_dequantize(w2.qweight[e], w2.qzeros[e], w2.scales[e], w2.group_size, torch.float32)
+        return a.t(), b.t()
+
+    return _reference(x, topk_weights, topk_ids, expert)
+
+
+# ----------------------------------------------------------------------------
+# sorting the (token, slot) pairs by expert
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(sorted_ids int32 [S], block_expert int32 [S / block_m], total int32 [1]) for topk_ids [T, k].
+
+    sorted_ids holds the flat indices t * k + j grouped by expert (ascending, each
+    expert's in token order), every expert's run padded to a multiple of block_m
+    with the sentinel T * k; block_expert[b] is the expert of block b; total is the
+    padded length. S = T k + min(E, T k) (block_m - 1), rounded up to block_m: a
+    bound known from the shapes, so nothing is read back to the host.
+    """
+    n = topk_ids.numel()
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    starts = ends - padded
+    e_sorted, order = torch.sort(flat, stable=True)  # the pairs grouped by expert, token order within
+    first = counts.cumsum(0) - counts  # where each expert's pairs begin in `order`
+    dest = starts[e_sorted] + torch.arange(n, device=dev) - first[e_sorted]
+    size = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
+    sorted_ids = torch.full((size,), n, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(0, size, block_m, device=dev)
+    # the expert whose padded run holds a block's first row: the first with end > start
+    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+# ----------------------------------------------------------------------------
+# configs
+
+
+def block_m_for(pairs: int, num_experts: int) -> int:
+    """BLOCK_M for `pairs` (token, slot) pairs over the experts: about the rows each
+    expert gets when the routing is even (decode: 16, the smallest MMA tile)."""
+    avg = pairs / num_experts
+    return 16 if avg < 24 else 32 if avg < 64 else 64 if avg < 192 else 128
+
+
+# (BLOCK_N, BLOCK_K, warps, stages) candidates per BLOCK_M, timed per shape on CUDA. The gated
+# GEMM stages an A tile and two B tiles (gate, up): (BM BK + 2 BK BN) * 2 bytes a stage, kept
+# under the H100/H200's 227 KB of shared memory
+_CANDIDATES = {
+    16: [(64, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 3), (32, 128, 4, 3), (64, 256, 4, 2),
+         (128, 128, 8, 3)],
+    32: [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 8, 2), (32, 128, 4, 3)],
+    64: [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 4)],
+    128: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4), (64, 32, 4, 4)],
+}
+
+
+def moe_configs(block_m: int, dtype, device, group_size: int | None = None) -> list[dict]:
+    """Candidate configs of one grouped GEMM; the first is the interpreter's and the
+    one used when a shape is first met inside a graph capture. AWQ caps BLOCK_K at
+    the group size (a K step is one group)."""
+    if device.type != "cuda" or dtype == torch.float32:  # the interpreter, or the float32 correctness path
+        cands = [(32, 32, 4, 2)]
+    else:
+        cands = _CANDIDATES[block_m]
+    out = []
+    for bn, bk, warps, stages in cands:
+        cfg = {"BM": block_m, "BN": bn, "BK": min(bk, group_size or bk), "warps": warps, "stages": stages, "GM": 8}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _gemm(name, a, weights, out, align, topk_weights, config, key, **how):
+    """One grouped GEMM with `config`, or the one tuned for `key`."""
+    group = getattr(weights, "group_size", None)
+
+    def run(cfg):
+        return moe_gemm.launch(a, weights, out, align, topk_weights, cfg, **how)
+
+    if config is None:
+        config = autotune(name, key, lambda: moe_configs(key[0], a.dtype, a.device, group), run,
+                          checked=(a.dtype, group))
+    return run(config)
+
+
+# ----------------------------------------------------------------------------
+# the public calls
+
+
+def _check(x, w13_shape, w2_shape, topk_weights, topk_ids) -> tuple[int, int]:
+    """(E, I), or ValueError naming what does not fit."""
+    E, two_i, H = w13_shape
+    if x.dim() != 2 or x.shape[1] != H or two_i % 2 or tuple(w2_shape) != (E, H, two_i // 2):
+        raise ValueError(f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13_shape)}, w2 {tuple(w2_shape)} "
+                         "(need x [T, H], w13 [E, 2I, H], w2 [E, H, I])")
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_moe: topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)} "
+                         f"for {x.shape[0]} tokens")
+    return E, two_i // 2
+
+
+def _fused(x, w13, w2, topk_weights, topk_ids, E: int, inter: int, config: dict | None) -> torch.Tensor:
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    bm = config["BM"] if config else block_m_for(T * k, E)
+    align = moe_align(topk_ids, E, bm)
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    group = getattr(w13, "group_size", 0)
+    key = (bm, next_pow2(T), E, k, H, inter, x.dtype, group)
+    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
+    _gemm("moe_w13", x, w13, act, align, tw, config, key, a_div=k, gated=True, mul_w=False)
+    y = torch.empty(T * k, H, dtype=x.dtype, device=x.device)
+    _gemm("moe_w2", act, w2, y, align, tw, config, key, a_div=1, gated=False, mul_w=True)
+    return y.view(T, k, H).sum(1) if k > 1 else y
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids, config: dict | None = None) -> torch.Tensor:
+    """x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] (float32),
+    topk_ids [T, k] -> [T, H] in x's dtype. config (tests, benchmarks): one
+    kernels.moe_gemm config for both GEMMs instead of the tuned ones."""
+    E, inter = _check(x, w13.shape, w2.shape, topk_weights, topk_ids)
+    if not (use_triton(x, w13, w2) and x.shape[0]):
+        return fused_moe_reference(x, w13, w2, topk_weights, topk_ids)
+    return _fused(x, w13.contiguous(), w2.contiguous(), topk_weights, topk_ids, E, inter, config)
+
+
+def fused_moe_awq(x, w13: AWQExperts, w2: AWQExperts, topk_weights, topk_ids,
+                  config: dict | None = None) -> torch.Tensor:
+    """fused_moe on AWQ experts: w13 of K = H inputs and N = 2I outputs (gate then up),
+    w2 of K = I, N = H; dequantized inside the GEMMs' K loops."""
+    E, inter = _check(x, w13.shape, w2.shape, topk_weights, topk_ids)
+    check_awq_experts(w13, "fused_moe_awq w13")
+    check_awq_experts(w2, "fused_moe_awq w2")
+    if inter % 8:
+        raise ValueError(f"fused_moe_awq: intermediate size {inter} is not a multiple of 8")
+    if not (use_triton(x, w13.qweight, w2.qweight) and x.shape[0]):
+        return fused_moe_awq_reference(x, w13, w2, topk_weights, topk_ids)
+    w13 = AWQExperts(*(t.contiguous() for t in w13[:3]), w13.group_size)
+    w2 = AWQExperts(*(t.contiguous() for t in w2[:3]), w2.group_size)
+    return _fused(x, w13, w2, topk_weights, topk_ids, E, inter, config)
