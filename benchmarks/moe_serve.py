@@ -1,15 +1,12 @@
 """E4 of benchmarks/serve.py: Qwen3-30B-A3B shapes (48 layers, 128 experts, top-8),
-AWQ experts through the fused MoE path, against its floor and HF `generate` bf16.
+AWQ experts through the fused MoE path, against its floor and HF `generate` bf16
+(serve.hf_peer with this module's config).
 
 The floor of a decode step reads the dense weights (attention, routers, lm_head) and
 the experts the step's tokens route to: with c tokens each picking k of E experts,
 E (1 - (1 - k/E)^c) distinct experts per layer on average (routing of random weights
 and inputs is close to uniform), each 3 H I 4-bit weights with their scales/zeros."""
 from __future__ import annotations
-
-import time
-
-import torch
 
 QWEN3_30B_A3B = dict(arch="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                      moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
@@ -73,23 +70,3 @@ def floor_seconds(s, group, n_requests, concurrency, prompt_len, out_len, bw, pe
                      2 * active_params(s) * concurrency / peak) for i in range(out_len))
     prefill = n_requests * prompt_len * 2 * active_params(s) / peak
     return waves * decode + prefill
-
-
-def hf_peer(s: dict, batch: int, prompt_len: int, out_len: int) -> float:
-    """transformers' Qwen3-MoE in bf16 (random weights made on the GPU), static batch: tok/s."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config(s), dtype=torch.bfloat16).eval()
-    ids = torch.randint(100, s["vocab_size"] - 100, (batch, prompt_len), device="cuda")
-    with torch.no_grad():
-        model.generate(ids[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len, min_new_tokens=out_len,
-                       do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t
-    del model
-    torch.cuda.empty_cache()
-    return batch * out_len / wall

@@ -158,14 +158,21 @@ def measure_ceilings():
 
 
 def hf_peer(shapes, batch, prompt_len, out_len):
+    """transformers' model of the shapes in bf16 (random weights made on the GPU), static
+    batch `generate`: output tok/s."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(**{k: v for k, v in shapes.items() if k != "arch"})
+    from benchmarks import moe_serve
+
+    if shapes["arch"] == "qwen3_moe":
+        cfg = moe_serve.config(shapes)
+    else:
+        cfg = Qwen2Config(**{k: v for k, v in shapes.items() if k != "arch"})
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     ids = torch.randint(100, shapes["vocab_size"] - 100, (batch, prompt_len), device="cuda")
     with torch.no_grad():
-        model.generate(ids[:, :16], max_new_tokens=4, do_sample=False)
+        model.generate(ids[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)
         torch.cuda.synchronize()
         t = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len, min_new_tokens=out_len,
@@ -308,7 +315,7 @@ def e4_rows(args, bw, peak, table, raw):
     shapes = moe_serve.QWEN3_30B_A3B
     peers = {}
     for c in args.concurrency:
-        peers[c] = None if args.skip_peer else moe_serve.hf_peer(shapes, c, args.prompt_len, args.output_len)
+        peers[c] = None if args.skip_peer else hf_peer(shapes, c, args.prompt_len, args.output_len)
         print(f"E4 peer c={c}: {peers[c]} tok/s", flush=True)
     raw["E4"] = run_engine_workload("E4", shapes, args.concurrency, args.e4_requests_per_client, args.prompt_len,
                                     args.output_len, bw, peak, peers)

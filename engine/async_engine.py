@@ -52,6 +52,11 @@ class AsyncLLMEngine:
         return self.engine.max_request_tokens
 
     @property
+    def request_kv_tokens(self) -> int:
+        """The most KV tokens one request holds at once (less than its length when every layer slides)."""
+        return self.engine.request_kv_tokens
+
+    @property
     def device(self) -> str:
         return self.engine.device
 
@@ -80,7 +85,15 @@ class AsyncLLMEngine:
         while True:
             if not self.engine.has_unfinished_requests():
                 self._wake.clear()
-                await self._wake.wait()
+                ttl = self.engine.scheduler.bm.ttl_s
+                if ttl is None:
+                    await self._wake.wait()
+                    continue
+                try:  # idle: wake now and then to zero the KV of blocks whose TTL passed
+                    await asyncio.wait_for(self._wake.wait(), timeout=min(ttl / 2, 5.0))
+                except asyncio.TimeoutError:
+                    async with self._lock:
+                        self.engine.scrub_expired()
                 continue
             try:
                 async with self._lock:

@@ -23,6 +23,9 @@ class Block:
         self.hash = self.parent_hash = self.token_ids = self.salt = None
 
 
+RELEASED = -1  # a block table entry whose block went back to the pool (no query will read it again)
+
+
 def block_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None) -> int:
     return hash((parent, token_ids, salt))
 
@@ -131,12 +134,13 @@ class BlockManager:
             del self.cached[block.hash]
         block.reset()
 
-    def expire(self) -> int:
-        """Drop every unused cached block older than the TTL; returns how many."""
+    def expire(self) -> list[int]:
+        """Drop every unused cached block older than the TTL from the index; returns their
+        ids, whose KV the engine then zeroes (a confidential prompt does not stay in memory)."""
         old = [self.blocks[b] for b in self.cached.values() if self._expired(self.blocks[b])]
         for block in old:
             self._uncache(block)
-        return len(old)
+        return [block.block_id for block in old]
 
     def record_query(self, num_tokens: int, num_hit_tokens: int):
         self.query_tokens += num_tokens
@@ -154,6 +158,8 @@ class BlockManager:
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = block_hash(parent, tokens, seq.cache_salt)
             hashes.append(h)
+            if seq.block_table[i] == RELEASED:
+                continue
             block = self.blocks[seq.block_table[i]]
             if h in self.cached or block.hash is not None:
                 continue  # an equal block is cached already
@@ -161,26 +167,46 @@ class BlockManager:
             self.cached[h] = block.block_id
 
     # -- free -------------------------------------------------------------------
+    def _release(self, bid: int) -> None:
+        block = self.blocks[bid]
+        assert block.ref_count > 0, f"double free of block {bid}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            block.freed_at = self.clock()
+            self.free[bid] = None
+            if block.hash is None:
+                self.free.move_to_end(bid, last=False)
+
     def free_seq(self, seq: Sequence):
         for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
-            assert block.ref_count > 0, f"double free of block {bid}"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                block.freed_at = self.clock()
-                self.free[bid] = None
-                if block.hash is None:
-                    self.free.move_to_end(bid, last=False)
+            if bid != RELEASED:
+                self._release(bid)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        seq.num_released_blocks = 0
+
+    def release_outside_window(self, seq: Sequence, window: int) -> int:
+        """Give back seq's leading blocks that no query from num_computed_tokens on can
+        see when every layer attends a window of `window` keys (a query at q sees keys
+        > q - window): block b goes once its last token (b+1)*bs - 1 <= q - window. Its
+        table entry becomes RELEASED (the attention kernels never read below a window);
+        a full, cached block stays in the prefix cache. Returns the blocks released."""
+        n = min(len(seq.block_table), max(0, (seq.num_computed_tokens - window + 1) // self.block_size))
+        done = seq.num_released_blocks
+        for i in range(done, n):
+            self._release(seq.block_table[i])
+            seq.block_table[i] = RELEASED
+        seq.num_released_blocks = max(done, n)
+        return max(0, n - done)
 
     def check_invariants(self, seqs) -> None:
         """Ref counts equal the block tables that hold each block; free = unreferenced."""
         counts = [0] * self.num_blocks
         for seq in seqs:
             for bid in seq.block_table:
-                counts[bid] += 1
+                if bid != RELEASED:
+                    counts[bid] += 1
         for block, n in zip(self.blocks, counts):
             assert block.ref_count == n, f"block {block.block_id}: ref {block.ref_count}, held {n}"
             assert (block.block_id in self.free) == (n == 0), f"block {block.block_id} free-list mismatch"

@@ -27,6 +27,9 @@ class EngineConfig:
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
     tensor_parallel_size: int = 1  # ranks (GPUs) the model is split across; > 1 spawns ranks 1.. as processes
+    # special-token text inside chat message contents parsed as control tokens (vLLM's way);
+    # False: encoded as plain text, so a message cannot forge a turn
+    allow_special_tokens_in_content: bool = False
     # Testing only, off by default (engine/faults.py): {"oom_at_step": N, "oom_request_id": "id"}
     # raises torch.OutOfMemoryError in the first step >= N holding that request (and for it alone
     # when retried); nan_* (nan_value "nan" | "inf" | "-inf") poisons its logits row, detokenize_error_*

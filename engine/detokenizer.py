@@ -1,6 +1,7 @@
 """A request's output text and its stop checks: incremental decoding that never
 emits a broken character while a multi-byte one is still arriving, stop strings
-found across token borders, trimmed exactly and held back while streaming, and
+found across token borders (one automaton per request: a check costs the new
+characters, not the list), trimmed exactly and held back while streaming, and
 the finish rule (EOS and stop token ids, stop strings, the token limit)."""
 from __future__ import annotations
 
@@ -51,39 +52,92 @@ class IncrementalDetokenizer:
         return new
 
 
+class StopAutomaton:
+    """One request's stop strings as one Aho-Corasick automaton, built once: read a character at
+    a time, it knows the longest stop string ending at that character, so the stop check of a
+    token costs its new characters, however many stop strings there are."""
+
+    def __init__(self, stops: list[str]):
+        self.goto: list[dict[str, int]] = [{}]  # node -> next node by character (node 0: the root)
+        ends: list[tuple[int, int] | None] = [None]  # node -> (length, list index) of the string it spells
+        for index, stop in enumerate(stops):
+            node = 0
+            for ch in stop:
+                nxt = self.goto[node].get(ch)
+                if nxt is None:
+                    nxt = self.goto[node][ch] = len(self.goto)
+                    self.goto.append({})
+                    ends.append(None)
+                node = nxt
+            if ends[node] is None:  # a repeated string keeps its first place in the list
+                ends[node] = (len(stop), index)
+        self.fail = [0] * len(self.goto)  # node -> the node of its longest proper suffix in the trie
+        self.longest = ends  # node -> the longest stop string ending there (its own, or a suffix's)
+        queue = list(self.goto[0].values())
+        for node in queue:  # breadth first: a suffix is shallower, so its links are done
+            for ch, child in self.goto[node].items():
+                f = self.fail[node]
+                while f and ch not in self.goto[f]:
+                    f = self.fail[f]
+                self.fail[child] = self.goto[f].get(ch, 0)
+                if self.longest[child] is None:
+                    self.longest[child] = self.longest[self.fail[child]]
+                queue.append(child)
+
+    def read(self, state: int, text: str, start: int) -> tuple[int, tuple[int, int] | None]:
+        """Read text[start:] from `state`: (the new state, (start, list index) of the first stop
+        string ending in it: the one starting first, then the one listed first; or None)."""
+        goto, fail, longest = self.goto, self.fail, self.longest
+        best = None
+        for pos in range(start, len(text)):
+            ch = text[pos]
+            while (nxt := goto[state].get(ch)) is None and state:
+                state = fail[state]
+            state = nxt or 0
+            hit = longest[state]
+            if hit is not None and (best is None or (pos + 1 - hit[0], hit[1]) < best):
+                best = (pos + 1 - hit[0], hit[1])
+        return state, best
+
+
 class StopChecker:
-    """Stop strings in the decoded text: the first one found ends it, cut before
-    the string (or after it, with include_stop_str); a tail that could still
-    grow into one is held back while streaming."""
+    """Stop strings in the decoded text, as vLLM finds them: the first one that ends in new text
+    stops it (the one starting first, then the one listed first), cut before the string (or after
+    it, with include_stop_str); a tail that could still grow into one is held back while streaming.
+    Each check reads only the new characters (StopAutomaton, built at the first check)."""
 
     def __init__(self, stops: list[str], include_stop_str: bool = False):
         self.stops = list(stops)
         self.include = include_stop_str
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.cut: int | None = None
-        self.scanned = 0
+        self._automaton: StopAutomaton | None = None  # built in the engine's step, not when the request is added
+        self._state = 0
+        self._read = 0  # characters of the text the automaton has read
+
+    def _advance(self, text: str) -> tuple[int, int] | None:
+        if self._automaton is None:
+            self._automaton = StopAutomaton(self.stops)
+        self._state, best = self._automaton.read(self._state, text, self._read)
+        self._read = len(text)
+        return best
 
     def check(self, text: str) -> str | None:
         """The stop string that ends text now, or None."""
         if not self.stops or self.cut is not None:
             return None
-        start = max(0, self.scanned - self.hold)
-        best = None
-        for s in self.stops:
-            idx = text.find(s, start)
-            if idx >= 0 and (best is None or idx < best[0]):
-                best = (idx, s)
-        self.scanned = len(text)
+        best = self._advance(text)
         if best is None:
             return None
-        idx, s = best
+        idx, s = best[0], self.stops[best[1]]
         self.cut = idx + (len(s) if self.include else 0)
         return s
 
     def skip(self, text: str) -> None:
-        """Text that may not stop the request (before min_tokens): later checks start
-        past it, but for a stop string that began in its last characters."""
-        self.scanned = len(text)
+        """Text that may not stop the request (before min_tokens): no stop string ending in it
+        counts, but one that began in it and ends later does."""
+        if self.stops and self.cut is None:
+            self._advance(text)
 
     def visible_text(self, text: str, finished: bool) -> str:
         if self.cut is not None:
@@ -106,6 +160,7 @@ class Detokenizer:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.decoder = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens)
         self.stops = StopChecker(params.stop, params.include_stop_str_in_output)
+        self.stop_token_ids = frozenset(params.stop_token_ids)
 
     @property
     def text(self) -> str:
@@ -120,7 +175,7 @@ class Detokenizer:
         """Take the newest token (the num_output_tokens-th); (finish_reason, stop_reason) when it ends the request."""
         p = self.params
         is_eos = token in self.eos_token_ids and not p.ignore_eos
-        if is_eos or token in p.stop_token_ids:  # the sampler bans both before min_tokens
+        if is_eos or token in self.stop_token_ids:  # the sampler bans both before min_tokens
             self.decoder.flush()
             return "stop", (None if is_eos else token)
         if p.detokenize:

@@ -1,9 +1,12 @@
 """The input processor: turns a request (a prompt and sampling values) into what
-the engine runs, once: prompt rendering (chat templates), token checks,
-SamplingParams, and max_tokens resolved against the context and the KV cache."""
+the engine runs, once: prompt rendering (chat templates, special-token text in message
+contents kept plain text), token checks, SamplingParams, and max_tokens resolved
+against the context and the KV cache."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +45,18 @@ def sampling_params(values: Mapping[str, Any] | SamplingParams | None) -> Sampli
 
 class InputProcessor:
     """One model's prompt rules: its tokenizer and chat template, its vocabulary,
-    its context length and the KV cache's capacity."""
+    its context length and the KV cache's capacity. Control-token text (`<|im_start|>`,
+    `</s>`, ...) in chat message contents is encoded as plain text, so a message cannot
+    forge a turn, unless `allow_special_tokens_in_content` (vLLM's behaviour)."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int):
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int, *,
+                 allow_special_tokens_in_content: bool = False):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.allow_special_tokens_in_content = allow_special_tokens_in_content
+        self._control: tuple[re.Pattern | None, frozenset[int]] | None = None  # made on first use
 
     @property
     def max_request_tokens(self) -> int:
@@ -89,12 +97,74 @@ class InputProcessor:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), self.check_token_ids(prompt["prompt_token_ids"])
         if isinstance(prompt, dict) and "messages" in prompt:
-            text = self.render_chat(prompt["messages"], prompt.get("add_generation_prompt", True))
-            return text, self.tokenizer.encode(text, add_special_tokens=False)
+            return self.encode_chat(prompt["messages"], prompt.get("add_generation_prompt", True))
         if isinstance(prompt, dict) and "prompt" in prompt:
             return self.encode(prompt["prompt"])
         raise InvalidInputError("prompt must be a string, {'prompt_token_ids': [...]} or {'messages': [...]}",
                                 field="prompt")
+
+    # -- chat messages: the template's control tokens only ----------------------------
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+        """(text, token ids) of chat messages through the template. Control-token text in a
+        message's content is encoded as plain text: the content is rendered with each such
+        token between markers of a random nonce (unguessable, so content cannot fake one),
+        and the rendered text is encoded piece by piece, the marked tokens as plain text."""
+        text = self.render_chat(messages, add_generation_prompt)
+        pattern, _ = self._control_tokens()
+        if (self.allow_special_tokens_in_content or pattern is None
+                or not any(pattern.search(m["content"]) for m in messages)):
+            return text, self.tokenizer.encode(text, add_special_tokens=False)
+        nonce = secrets.token_hex(8)
+        start, end = f"\U000f0000{nonce}\U000f0001", f"\U000f0001{nonce}\U000f0000"
+        marked = [{**m, "content": pattern.sub(lambda t: start + t.group() + end, m["content"])} for m in messages]
+        rendered = self.render_chat(marked, add_generation_prompt)
+        s, e = re.escape(start), re.escape(end)
+        # [text, marked token, text, ...]; a marker the template split from its token leaves None (dropped,
+        # but it still parts the text on its two sides, so they never join into a control token)
+        pieces = re.split(f"{s}({pattern.pattern}){e}|{s}|{e}", rendered)
+        ids = self.tokenizer.encode(pieces[0], add_special_tokens=False)
+        for i, piece in enumerate(pieces[1:], 1):
+            if piece:
+                ids += self._encode_piece(piece, plain=i % 2 == 1)
+        return text, ids
+
+    def _control_tokens(self) -> tuple[re.Pattern | None, frozenset[int]]:
+        """A pattern of the tokenizer's control tokens (its special tokens, and the added tokens its
+        chat template writes; none of whitespace alone), longest first; and their ids."""
+        if self._control is None:
+            tok = self.tokenizer
+            template = str(getattr(tok, "chat_template", None) or "")
+            added = getattr(tok, "added_tokens_decoder", None) or {}
+            names = {t.content for t in added.values() if t.special or t.content in template}
+            names |= {str(t) for t in (getattr(tok, "all_special_tokens", None) or ())}
+            names = sorted((n for n in names if n.strip()), key=len, reverse=True)
+            ids = frozenset(i for i, t in added.items() if t.content in names)
+            self._control = (re.compile("|".join(map(re.escape, names))) if names else None, ids)
+        return self._control
+
+    def _encode_piece(self, text: str, plain: bool) -> list[int]:
+        """Token ids of a piece from the middle of a rendered chat: encoded after a newline (so a
+        SentencePiece tokenizer adds no word-start space) that is then cut off. `plain`: without
+        added tokens, so a control token's text stays text."""
+        def encode(t: str) -> list[int]:
+            return self._plain_ids(t) if plain else self.tokenizer.encode(t, add_special_tokens=False)
+
+        newline, ids = encode("\n"), encode("\n" + text)
+        ids = ids[len(newline):] if ids[:len(newline)] == newline else encode(text)
+        if plain and not self._control_tokens()[1].isdisjoint(ids):  # the model's vocabulary spells it whole
+            ids = [t for ch in text for t in encode(ch)]
+        return ids
+
+    def _plain_ids(self, text: str) -> list[int]:
+        """`text` through the tokenizer's normalizer, pre-tokenizer and model, never its added tokens
+        (the shared tokenizer's split_special_tokens switch is left alone: other threads encode too)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a slow (Python) tokenizer takes the switch per call
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        if backend.normalizer is not None:
+            text = backend.normalizer.normalize_str(text)
+        splits = [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)] if backend.pre_tokenizer else [text]
+        return [t.id for split in splits for t in backend.model.tokenize(split)]
 
     def check_token_ids(self, ids) -> list[int]:
         if not isinstance(ids, list) or not ids or not all(is_int(t) for t in ids):

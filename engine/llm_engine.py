@@ -49,7 +49,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         path = loader.resolve_model_path(config.model, config.revision)
         self.model_path = path
-        spec = loader.read_model_spec(path, config.max_model_len, config.quantization)  # before any weight
+        spec = loader.read_model_spec(path, config.quantization)  # before any weight
         self.spec = spec
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.tokenizer = load_tokenizer(config.tokenizer or path, config.revision)
@@ -85,12 +85,24 @@ class LLMEngine:
         self.scheduler = Scheduler(block_manager, config.max_num_seqs, budget)
         long_rope = getattr(self.model, "long_rope", None)
         self.scheduler.rope_switch = long_rope[0] if long_rope else None
+        windows = [spec.window(i) for i in range(spec.num_layers)]
+        if all(windows):  # every layer sliding: a sequence holds only its window's blocks
+            self.scheduler.window = max(windows)
         self.eos_token_ids = loader.eos_token_ids(path, spec.eos_token_id, self.tokenizer)
         self.sampler = Sampler(self.eos_token_ids, config.seed)
         self.input_processor = InputProcessor(self.tokenizer, spec.vocab_size, self.max_model_len,
-                                              num_blocks * config.block_size)
+                                              self._kv_capacity(num_blocks, config.block_size, budget),
+                                              allow_special_tokens_in_content=config.allow_special_tokens_in_content)
         self.requests: dict[str, Sequence] = {}
         self.step_count = 0
+
+    def _kv_capacity(self, num_blocks: int, block_size: int, budget: int) -> int:
+        """The longest request the KV cache holds: its blocks, or for a model whose every layer
+        slides, any length once a window plus a chunk (and two partial blocks) fits."""
+        window = self.scheduler.window
+        if window is not None and -(-(window + budget) // block_size) + 2 <= num_blocks:
+            return max(num_blocks * block_size, self.max_model_len)
+        return num_blocks * block_size
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes, if any (idempotent)."""
@@ -110,6 +122,16 @@ class LLMEngine:
     def max_request_tokens(self) -> int:
         """The largest request (prompt + output tokens) one sequence can be."""
         return self.input_processor.max_request_tokens
+
+    @property
+    def request_kv_tokens(self) -> int:
+        """The most KV tokens one request holds at once: its whole length, or when every layer
+        slides, its window, a chunk and two partial blocks (the rest is released as it moves)."""
+        longest = self.max_request_tokens
+        window = self.scheduler.window
+        if window is None:
+            return longest
+        return min(longest, window + self.max_num_batched_tokens + 2 * self.scheduler.bm.block_size)
 
     # -- requests ----------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | dict | None = None,
@@ -161,6 +183,8 @@ class LLMEngine:
         """One engine iteration: schedule, run, postprocess. Returns outputs of
         the requests that advanced or finished in this step."""
         sched = self.scheduler.schedule()
+        if sched.expired:  # before this step's forward writes into any block reused meanwhile
+            self.runner.scrub_kv(sched.expired)
         if not sched:
             return []
         self.step_count += 1
@@ -171,6 +195,14 @@ class LLMEngine:
         for seq, sample in self.scheduler.update_from_output(ran, samples):
             outputs.append(self._postprocess(seq, sample))
         return outputs
+
+    def scrub_expired(self) -> int:
+        """Between steps (an idle engine): zero the KV of cached blocks whose TTL passed."""
+        if self.scheduler.bm.ttl_s is None:
+            return 0
+        expired = self.scheduler.bm.expire()
+        self.runner.scrub_kv(expired)
+        return len(expired)
 
     def _execute(self, scheduled):
         """Samples for scheduled requests; on out-of-memory, the step is retried

@@ -64,6 +64,7 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        self.kv_cache: torch.Tensor | None = None  # every layer's K and V (allocate_kv_cache)
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
         self.max_num_seqs = max_num_seqs
@@ -81,12 +82,14 @@ class ModelRunner:
         self.graphs.capture()
 
     def allocate_kv_cache(self, num_blocks: int):
+        """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim]; each layer's K
+        and V caches are views of it (so blocks are scrubbed across all layers at once)."""
         s = self.model.spec
         shape = (num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         self.free_kv_cache()
-        for layer in self.attn_layers:
-            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros((len(self.attn_layers), 2, *shape), dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attn_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
             self.k_caches.append(layer.k_cache)
             self.v_caches.append(layer.v_cache)
 
@@ -94,6 +97,14 @@ class ModelRunner:
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = None
         self.k_caches, self.v_caches = [], []
+        self.kv_cache = None
+
+    def scrub_kv(self, block_ids: list[int]) -> None:
+        """Zero the K and V of these blocks in every layer: one index_fill over the whole
+        cache (a single kernel launch on the GPU, no host synchronisation)."""
+        if block_ids and self.kv_cache is not None:
+            ids = torch.tensor(block_ids, dtype=torch.long)
+            self.kv_cache.index_fill_(2, ids.to(self.device, non_blocking=True), 0)
 
     # -- inputs -------------------------------------------------------------------
     def fill_host(self, scheduled: list[tuple[Sequence, int]], pad_to: int = 0, table_cols: int = 0):

@@ -12,6 +12,31 @@ def _check(cond: bool, fieldname: str, message: str):
         raise InvalidInputError(f"sampling params: {fieldname} {message}", field=fieldname)
 
 
+def are_token_ids(values: list) -> bool:
+    """Every value an integer >= 0 (never a bool): one C-speed pass for plain ints, however many."""
+    if set(map(type, values)) <= {int}:
+        return not values or min(values) >= 0
+    return all(is_int(v) and v >= 0 for v in values)
+
+
+def _first_bad(values: list, ok) -> str:
+    """Which item of a list fails `ok`, for the error message."""
+    i = next(i for i, v in enumerate(values) if not ok(v))
+    return f"item {i} ({values[i]!r:.40})"
+
+
+def _check_stop_lists(stop, stop_token_ids) -> None:
+    """stop: a list of non-empty strings; stop_token_ids: a list of integers >= 0 (both C-speed when right)."""
+    _check(isinstance(stop, list), "stop", "must be a non-empty string or a list of them")
+    if not (set(map(type, stop)) <= {str} and all(stop)):
+        bad = _first_bad(stop, lambda s: isinstance(s, str) and s)
+        _check(False, "stop", f"must be a non-empty string or a list of them; {bad} is not a non-empty string")
+    _check(isinstance(stop_token_ids, list), "stop_token_ids", "must be a list of integers >= 0")
+    if not are_token_ids(stop_token_ids):
+        bad = _first_bad(stop_token_ids, lambda t: is_int(t) and t >= 0)
+        _check(False, "stop_token_ids", f"must be a list of integers >= 0; {bad} is not")
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int | None = None  # None: as many as fit the context
@@ -56,12 +81,9 @@ class SamplingParams:
         _check(is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         if self.seed is not None:
             _check(is_int(self.seed) and 0 <= self.seed < 2**63, "seed", "must be an integer in [0, 2**63)")
-        _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
-               "must be a non-empty string or a list of them")
-        _check(isinstance(self.stop_token_ids, list) and all(is_int(t) and t >= 0 for t in self.stop_token_ids),
-               "stop_token_ids", "must be a list of integers >= 0")
-        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
-        _check(isinstance(self.detokenize, bool), "detokenize", "must be a boolean")
+        _check_stop_lists(self.stop, self.stop_token_ids)
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "detokenize"):
+            _check(isinstance(getattr(self, name), bool), name, "must be true or false")
         _check(self.detokenize or not self.stop, "stop", "needs detokenize=True")
         if self.logprobs is not None:
             _check(is_int(self.logprobs) and 0 <= self.logprobs <= 20, "logprobs", "must be an integer in [0, 20]")

@@ -25,6 +25,7 @@ def use_long_rope(seq: Sequence) -> None:
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, new tokens)
     preempted: list[Sequence] = field(default_factory=list)
+    expired: list[int] = field(default_factory=list)  # blocks whose TTL passed: their KV is to be zeroed
 
     @property
     def num_batched_tokens(self) -> int:
@@ -46,6 +47,9 @@ class Scheduler:
         # (set by the engine from the model); None: no such switch
         self.rope_switch: int | None = None
         self.num_rope_recomputes = 0
+        # every layer sliding: the widest window; blocks below it are released (None: keep all)
+        self.window: int | None = None
+        self.num_window_released = 0
 
     def add(self, seq: Sequence):
         seq.status = SequenceStatus.WAITING
@@ -73,9 +77,9 @@ class Scheduler:
         self.add(seq)
 
     def schedule(self) -> SchedulerOutput:
-        if self.bm.ttl_s is not None:
-            self.bm.expire()
+        expired = self.bm.expire() if self.bm.ttl_s is not None else []
         out = self._schedule()
+        out.expired = expired
         now = time.monotonic()
         for seq, _ in out.scheduled:
             if seq.first_scheduled_time is None:
@@ -91,6 +95,8 @@ class Scheduler:
             if self.rope_switch is not None and not seq.long_rope and seq.num_tokens > self.rope_switch:
                 self._recompute_long(seq)
                 continue
+            if self.window is not None:
+                self.num_window_released += self.bm.release_outside_window(seq, self.window)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert n > 0
             while not self.bm.allocate_slots(seq, n):
@@ -113,6 +119,8 @@ class Scheduler:
             n = min(seq.num_tokens - num_computed, budget)
             if not self.bm.allocate_slots(seq, n, computed):
                 break
+            if self.window is not None:  # a cached prefix longer than the window: only its tail is kept
+                self.num_window_released += self.bm.release_outside_window(seq, self.window)
             self.bm.record_query(seq.num_tokens, len(computed) * self.bm.block_size)
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING
@@ -156,6 +164,7 @@ class Scheduler:
             "prefix_cache_hit_rate": bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
             "num_preemptions": self.num_preemptions,
             "num_rope_recomputes": self.num_rope_recomputes,
+            "kv_blocks_released_by_window": self.num_window_released,
         }
 
     def finish(self, seq: Sequence):

@@ -45,6 +45,7 @@ class Sequence:
     generator: object = None  # torch.Generator for seeded sampling
     detok: object = None  # engine.detokenizer.Detokenizer (text and stop checks)
     emitted_len: int = 0  # characters of text already reported
+    num_released_blocks: int = 0  # leading block table entries released (outside every layer's window)
     long_rope: bool = False  # longrope: rotated with the long factors (its length passed the switch)
 
     def __post_init__(self):

@@ -55,11 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import runpod
 
+    from handler.sdk.scaler import serve
+
     worker = Worker(settings, progress=runpod.serverless.progress_update)
     if settings.metrics_port:
-        worker.metrics.serve(settings.metrics_port)
+        worker.metrics.serve(settings.metrics_port, settings.metrics_host)
     sys.argv = [sys.argv[0], *rest]  # the SDK parses its own --rp_* flags
-    runpod.serverless.start(worker.runpod_config())
+    # runpod.serverless.start with our job loop: per-job parsing of takes, a drain with a deadline
+    serve(worker.runpod_config(), worker.drain)
     worker.close()
     replaced = worker.dead is not None or bool(worker.sdk_config and worker.sdk_config.get("refresh_worker"))
     return 1 if replaced else 0

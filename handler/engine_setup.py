@@ -22,6 +22,7 @@ ENGINE_FIELDS = {
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "num_kv_blocks": "NUM_KV_BLOCKS", "seed": "SEED",
     "fault_injection": "FAULT_INJECTION", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
     "enforce_eager": "ENFORCE_EAGER", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S",
+    "allow_special_tokens_in_content": "ALLOW_SPECIAL_TOKENS_IN_CONTENT",
 }
 
 
@@ -38,6 +39,7 @@ def engine_config(settings: Any, model: str):
         seed=settings.seed, fault_injection=settings.fault_injection,
         tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
         prefix_cache_ttl_s=settings.prefix_cache_ttl_s or None,
+        allow_special_tokens_in_content=settings.allow_special_tokens_in_content,
     )
 
 

@@ -1,19 +1,58 @@
 """How a job runs its engine requests: the prompt and sampling values through
-the engine's input processor (its coded errors named by the job's fields), the
+the engine's input processor (its coded errors named by the job's fields; a
+large prompt tokenized in a thread of its own, never on the event loop), the
 event loop over the engine's stream (deadline, queue timeout, partial text),
 and the failure contract's check on the finished request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from handler.errors import JobError
 from handler.job.sampling import invalid_from_engine
 from handler.job.schema import JobSpec
+
+
+OFF_LOOP_SIZE = 8192  # characters (or token ids) of a prompt past which it is processed off the event loop
+_prompt_pool: ThreadPoolExecutor | None = None
+
+
+def prompt_pool() -> ThreadPoolExecutor:
+    """The one thread that processes large prompts: they queue behind each other, never in the
+    default executor where the engine's steps run (a burst of them cannot hold a step back)."""
+    global _prompt_pool
+    if _prompt_pool is None:
+        _prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompts")
+    return _prompt_pool
+
+
+def prompt_size(prompt) -> int:
+    """Characters (or token ids) of a prompt in the input processor's forms: what tokenizing it costs."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+        elif "messages" in prompt:
+            return sum(len(m["content"]) for m in prompt["messages"]
+                       if isinstance(m, dict) and isinstance(m.get("content"), str))
+        else:
+            prompt = prompt.get("prompt")
+    return len(prompt) if isinstance(prompt, (str, list)) else 0
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    """A prompt too large to tokenize on the event loop, with its SamplingParams (checked, max_tokens
+    as asked): `JobRequests.events` processes it in `prompt_pool` first (its errors then come from
+    there, coded the same); like an EngineRequest, a retry may replace its params."""
+
+    prompt: Any
+    params: Any  # engine.SamplingParams
 
 
 @dataclass(slots=True)
@@ -92,17 +131,45 @@ class JobRequests:
 
     def prepare(self, prompt, sampling: dict):
         """The engine request: a missing max_tokens is what fits the context (and the KV
-        cache), capped at DEFAULT_MAX_TOKENS (and MAX_OUTPUT_TOKENS): never vLLM's 16."""
-        from engine.errors import EngineError, InvalidInputError
+        cache), capped at DEFAULT_MAX_TOKENS (and MAX_OUTPUT_TOKENS): never vLLM's 16.
+        A prompt over OFF_LOOP_SIZE comes back as a PendingRequest that `events` processes
+        in a thread, so tokenizing a million characters stalls no other job's stream."""
+        if prompt_size(prompt) > OFF_LOOP_SIZE:
+            from engine.input_processor import sampling_params
 
+            with self._coded_errors():
+                return PendingRequest(prompt, sampling_params(sampling))
+        return self._process(prompt, sampling)
+
+    def _process(self, prompt, sampling):
+        """input_processor.process with the job's defaults; `sampling`: values or SamplingParams."""
         cap = getattr(self.settings, "max_output_tokens", None) or math.inf
         default = int(min(self.settings.default_max_tokens, cap))
-        try:
+        with self._coded_errors():
             return self.engine.input_processor.process(prompt, sampling, default_max_tokens=default)
+
+    @contextlib.contextmanager
+    def _coded_errors(self):
+        """The engine's refusals as the job's: invalid_input naming the job's field; prompt_too_long,
+        kv_capacity with the engine's codes and numbers."""
+        from engine.errors import EngineError, InvalidInputError
+
+        try:
+            yield
         except InvalidInputError as exc:
             raise invalid_from_engine(self.spec, exc) from None
-        except EngineError as exc:  # prompt_too_long, kv_capacity: the engine's codes and numbers
+        except EngineError as exc:
             raise JobError.from_exception(exc) from None
+
+    async def _process_off_loop(self, pending: PendingRequest):
+        """A PendingRequest processed in prompt_pool, within the job's deadline."""
+        future = asyncio.get_running_loop().run_in_executor(prompt_pool(), self._process, pending.prompt,
+                                                            pending.params)
+        limit = None if self.ctx.deadline is None else max(0.0, self.ctx.deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(future, limit)
+        except TimeoutError:
+            raise self._deadline_error("") from None
 
     def count_tokens(self, prompt) -> int:
         """Tokens of a prompt as prepare would encode it."""
@@ -114,6 +181,8 @@ class JobRequests:
         engine, ctx = self.engine, self.ctx
         if engine.is_dead:
             raise JobError("engine_dead", "the engine is dead; this worker is being replaced")
+        if isinstance(request, PendingRequest):
+            request = await self._process_off_loop(request)
         submitted = time.monotonic()
         ctx.arrival = ctx.arrival or submitted
         stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt)
@@ -167,8 +236,11 @@ class JobRequests:
 
     def _raise_deadline(self, text: str) -> None:
         if self.ctx.deadline is not None and time.monotonic() >= self.ctx.deadline:
-            raise JobError("timeout", f"the job's deadline of {self.spec.timeout_s:g}s passed",
-                           timeout_s=self.spec.timeout_s).with_partial_text(text)
+            raise self._deadline_error(text)
+
+    def _deadline_error(self, text: str) -> JobError:
+        return JobError("timeout", f"the job's deadline of {self.spec.timeout_s:g}s passed",
+                        timeout_s=self.spec.timeout_s).with_partial_text(text)
 
     def check(self, comp: Completion) -> None:
         """The failure contract on a finished request: never success with empty or

@@ -1,6 +1,6 @@
 """Worker metrics through prometheus_client: jobs by status and code, tokens, TTFT and TPOT
 histograms, and the engine's live state (queue depth, running requests, KV blocks, prefix-cache
-hits) read at scrape time; served on METRICS_PORT, summarized in a `metrics {...}` log line."""
+hits) read at scrape time; served on METRICS_HOST:METRICS_PORT, summarized in a `metrics {...}` log line."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 log = logging.getLogger("handler.metrics")
 
+DEFAULT_HOST = "127.0.0.1"  # METRICS_HOST's default: nothing outside the worker reaches the metrics
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -67,6 +68,8 @@ class Metrics:
         self.in_flight = Gauge("worker_jobs_in_flight", "Jobs running in the handler", registry=r)
         self.load_seconds = Gauge("worker_model_load_seconds", "Time the model load took", registry=r)
         self.concurrency = Gauge("worker_concurrency", "Concurrency the job scaler was given", registry=r)
+        self.empty_output_retries = Counter("worker_empty_output_retries", "Requests run again with a fresh seed "
+                                            "after an empty output (EMPTY_OUTPUT_RETRIES)", registry=r)
         self._stats_fn: Callable[[], dict] | None = None
         self._last_stats: dict = {}
         self._server = None
@@ -101,11 +104,15 @@ class Metrics:
         return self._last_stats
 
     # -- output -----------------------------------------------------------------------------
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str = DEFAULT_HOST) -> None:
+        """Serve /metrics on `addr`:`port` (METRICS_HOST, METRICS_PORT): loopback unless told otherwise."""
         from prometheus_client import start_http_server
 
-        self._server = start_http_server(port, addr=addr, registry=self.registry)
-        log.info("metrics served on port %d (/metrics)", port)
+        try:
+            self._server = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise OSError(f"METRICS_HOST={addr!r}, METRICS_PORT={port}: cannot serve metrics there: {exc}") from exc
+        log.info("metrics served on port %d of %s (/metrics)", port, addr)
 
     def stop_serving(self) -> None:
         if isinstance(self._server, tuple):

@@ -1,13 +1,23 @@
-"""Results kept by request_id: the same id with the same input gets the stored
-result (or waits for the running one); the same id with other input is refused."""
+"""Results kept by request_id within a scope (the job's cache salt): the same id with the
+same input gets the stored result (or waits for the running one); the same id with other
+input is refused, naming the id and never the scope."""
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from handler.errors import invalid
+
+
+class ResultKey(NamedTuple):
+    """A stored result's key: no string joins the two, so neither part can forge the other."""
+
+    scope: str | None  # the job's derived cache salt (tenants never share results); never shown
+    request_id: str
 
 
 @dataclass(slots=True)
@@ -19,40 +29,43 @@ class _Entry:
 
 
 class ResultCache:
+    """Completed jobs' items by key, at most `size` of them, each for `ttl_s` seconds."""
+
     def __init__(self, size: int, ttl_s: float, clock=time.monotonic):
         self.size = size
         self.ttl_s = ttl_s
         self.clock = clock
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
 
     def _expire(self):
         now = self.clock()
         for rid in [r for r, e in self._entries.items() if e.items is not None and e.expires <= now]:
             del self._entries[rid]
 
-    async def claim(self, request_id: str, fingerprint: str) -> list | None:
-        """The stored items for (request_id, fingerprint), waiting for a running job
+    async def claim(self, key: Hashable, fingerprint: str) -> list | None:
+        """The stored items for (key: a ResultKey or a plain id, fingerprint), waiting for a running job
         with them; None when the caller must compute (it then owns the id until
         `store` or `release`). Raises invalid_input for the same id with other input."""
         while True:
             self._expire()
-            entry = self._entries.get(request_id)
+            entry = self._entries.get(key)
             if entry is None:
-                self._entries[request_id] = _Entry(fingerprint)
+                self._entries[key] = _Entry(fingerprint)
                 return None
             if entry.fingerprint != fingerprint:
-                raise invalid("request_id", f"{request_id!r} was already used with a different input")
+                shown = key.request_id if isinstance(key, ResultKey) else key
+                raise invalid("request_id", f"{shown!r} was already used with a different input")
             if entry.items is not None:
-                self._entries.move_to_end(request_id)
+                self._entries.move_to_end(key)
                 return entry.items
             await entry.done.wait()  # the running job stores or releases
 
-    def store(self, request_id: str, items: list) -> None:
-        entry = self._entries.get(request_id)
+    def store(self, key: Hashable, items: list) -> None:
+        entry = self._entries.get(key)
         if entry is None:
             return
         if self.size <= 0:
-            self.release(request_id)
+            self.release(key)
             return
         entry.items = items
         entry.expires = self.clock() + self.ttl_s
@@ -61,9 +74,9 @@ class ResultCache:
         for rid in done[: max(0, len(done) - self.size)]:
             del self._entries[rid]
 
-    def release(self, request_id: str) -> None:
+    def release(self, key: Hashable) -> None:
         """The owning job failed or was cancelled: forget the id (a retry computes again)."""
-        entry = self._entries.pop(request_id, None)
+        entry = self._entries.pop(key, None)
         if entry is not None:
             entry.done.set()
 

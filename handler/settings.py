@@ -129,7 +129,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("MAX_CONCURRENCY", "int", 30, "Most jobs this worker takes at once; the concurrency actually used is the "
        "smaller of this and what the free KV blocks hold (JOB_KV_TOKENS each).", minimum=1),
     _s("JOB_KV_TOKENS", "int", 0, "KV tokens one job is assumed to need when the concurrency is computed from the "
-       "free KV blocks; 0: max_model_len.", minimum=0),
+       "free KV blocks; 0: the longest request the KV cache holds at once (max_model_len, or a window and a "
+       "chunk when every layer slides).", minimum=0),
     _s("DEFAULT_MAX_TOKENS", "int", 4096, "Cap on output tokens when a job gives no max_tokens (it gets as many as fit "
        "the context, up to this; reaching it is reported as truncated, never silent).", minimum=1),
     _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's text: the prompt, the messages' contents "
@@ -137,10 +138,25 @@ SETTINGS: tuple[Setting, ...] = (
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),
+    _s("MAX_STOP_STRINGS", "int", 256, "Most stop strings in one job (`stop`); more fails invalid_input.", minimum=1),
+    _s("MAX_STOP_CHARS", "int", 16384, "Most characters of a job's stop strings together; more fails invalid_input.",
+       minimum=1),
+    _s("MAX_STOP_TOKEN_IDS", "int", 1024, "Most stop token ids in one job (`stop_token_ids`); more fails "
+       "invalid_input.", minimum=1),
     _s("JOB_TIMEOUT_S", "float", 0.0, "Deadline of a job without its own timeout_s; 0: none.", minimum=0),
     _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job still waiting in the engine's queue (no step has run any of it) this "
        "many seconds after it reached the engine fails `overloaded` (retryable), so a router can send it "
        "elsewhere; a long prefill does not count; 0: off.", minimum=0),
+    _s("DRAIN_TIMEOUT_S", "float", 4.0, "Seconds from SIGTERM (or the stop after a refresh) until the jobs still "
+       "running fail `worker_shutdown` (retryable, with their partial text) and the worker exits: a little under "
+       "the 5 s from SIGTERM to SIGKILL, the one window RunPod's docs state (for interruptible pods; none is "
+       "stated for serverless workers).", minimum=0, exclusive_minimum=True),
+    _s("EMPTY_OUTPUT_RETRIES", "int", 1, "Times a request whose output is empty (nothing but whitespace) is run "
+       "again, each time with a fresh seed, before the job fails empty_output; only for sampled requests "
+       "(temperature > 0), a greedy one fails at once.", minimum=0, maximum=10),
+    _s("ALLOW_SPECIAL_TOKENS_IN_CONTENT", "bool", False, "Special-token text in chat message contents (e.g. "
+       "`<|im_start|>`) becomes control tokens, as vLLM does; off: it is encoded as plain text, so a message "
+       "cannot forge a turn. Raw `prompt` text is never changed."),
     _s("DEFAULT_BATCH_SIZE", "int", 50, "Most tokens per streamed item (worker-vllm's name).", minimum=1),
     _s("MIN_BATCH_SIZE", "int", 1, "Tokens in the first streamed item; later ones grow by BATCH_SIZE_GROWTH_FACTOR.",
        minimum=1),
@@ -159,6 +175,8 @@ SETTINGS: tuple[Setting, ...] = (
        "load.", minimum=0, exclusive_minimum=True),
     _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port (`/metrics`, for pods); unset: not "
        "served.", minimum=1, maximum=65535),
+    _s("METRICS_HOST", "str", "127.0.0.1", "Address the METRICS_PORT server binds: 127.0.0.1 keeps the metrics "
+       "inside the worker; `0.0.0.0` serves them to the network (a pod's exposed port, a scraper elsewhere)."),
     _s("METRICS_LOG_INTERVAL_S", "float", 60.0, "Seconds between the `metrics {...}` summary log lines (for "
        "serverless, where nothing scrapes); 0: only at exit.", minimum=0),
     _s("LOG_LEVEL", "choice", "info", "Log level of the worker's own logs.",

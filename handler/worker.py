@@ -11,13 +11,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from handler.engine_setup import EngineLoader, build_engine, model_label
-from handler.errors import JobError, error_item
+from handler.errors import JobError, error_item, invalid
 from handler.execution import JobRequests, job_prompt
 from handler.job.context import JobContext, job_finished
 from handler.job.schema import parse_job_input
 from handler.result_cache import ResultCache
 from handler.routes.generate import generate_items
 from handler.routes.openai import models_response, openai_items
+from handler.sdk.drain import Drain, JobDrain, JobEngine, unless_expired
+from handler.sdk.job_take import UnreadableInput
 from handler.summarize.job import summarize_items
 
 log = logging.getLogger("handler.worker")
@@ -36,6 +38,8 @@ class Worker:
         self.in_flight = 0
         self.metrics = metrics or Metrics()
         self.cache = ResultCache(settings.result_cache_size, settings.result_cache_ttl_s)
+        # SIGTERM's drain: the SDK loop (handler.sdk.scaler) starts and ends it, each job registers
+        self.drain = Drain(settings.drain_timeout_s, self._abort_request)
         self.loader = EngineLoader(settings, engine_factory or build_engine, self.metrics, progress=progress,
                                    on_failure=self._request_refresh)
 
@@ -66,7 +70,7 @@ class Worker:
         else:
             stats = engine.stats()
             self.metrics.engine_state(stats)
-            per_job_tokens = self.settings.job_kv_tokens or engine.max_request_tokens
+            per_job_tokens = self.settings.job_kv_tokens or engine.request_kv_tokens
             per_job = max(1, math.ceil(per_job_tokens / stats["kv_block_size"]))
             fits = self.in_flight + stats["kv_blocks_free"] // per_job
             value = max(1, min(cap, fits))
@@ -78,21 +82,23 @@ class Worker:
     async def handle(self, job: dict) -> AsyncIterator[Any]:
         """The async-generator handler: output items, then (on failure) one error item last."""
         ctx = JobContext(job)
+        live = self.drain.enter()
         self.in_flight += 1
         self.metrics.in_flight.inc()
         error: JobError | None = None
         status = "cancelled"
         try:
-            async with contextlib.aclosing(self._job_items(ctx)) as items:
+            async with contextlib.aclosing(self._job_items(ctx, live)) as items:
                 async for item in items:
                     yield item
             status = "completed"
-        except JobError as exc:
-            error, status = exc, "failed"
+        except JobError as exc:  # the drain's deadline turns its abort into worker_shutdown
+            error, status = self.drain.ended(exc, live), "failed"
         except Exception as exc:  # noqa: BLE001 - any bug still ends as a FAILED job with an error object
             ctx.log.exception("unexpected error")
             error, status = JobError.from_exception(exc), "failed"
         finally:
+            self.drain.leave(live)
             self.in_flight -= 1
             self.metrics.in_flight.dec()
             stats = self.engine.stats() if self.engine is not None else None
@@ -103,9 +109,12 @@ class Worker:
             yield error_item(error)
 
     # -- job flow ---------------------------------------------------------------------------
-    async def _job_items(self, ctx: JobContext) -> AsyncIterator[Any]:
+    async def _job_items(self, ctx: JobContext, live: JobDrain) -> AsyncIterator[Any]:
         """A job's items: from the result cache for a known request_id, else run."""
-        spec = parse_job_input(ctx.job.get("input"), self.settings)
+        raw = ctx.job.get("input")
+        if isinstance(raw, UnreadableInput):  # the job take could not parse this job's body
+            raise invalid("input", raw.reason)
+        spec = parse_job_input(raw, self.settings)
         ctx.spec = spec
         for note in spec.notes:
             ctx.log.warning(note)
@@ -115,7 +124,7 @@ class Worker:
             yield models_response(model_label(self.settings), self.engine.max_model_len if self.engine else None)
             return
         if spec.idempotency_key is None:
-            async with contextlib.aclosing(self._run(ctx)) as items:
+            async with contextlib.aclosing(self._run(ctx, live)) as items:
                 async for item in items:
                     yield item
             return
@@ -129,7 +138,7 @@ class Worker:
             return
         items: list = []
         try:
-            async with contextlib.aclosing(self._run(ctx)) as gen:
+            async with contextlib.aclosing(self._run(ctx, live)) as gen:
                 async for item in gen:
                     items.append(item)
                     yield item
@@ -138,13 +147,18 @@ class Worker:
             raise
         self.cache.store(spec.result_key, items)
 
-    async def _run(self, ctx: JobContext) -> AsyncIterator[Any]:
-        """Load the engine (once), then run the job's route."""
+    async def _run(self, ctx: JobContext, live: JobDrain) -> AsyncIterator[Any]:
+        """Load the engine (once), then run the job's route (not after the drain's deadline)."""
         if self.dead is not None:
             raise JobError("engine_dead", self.dead.message)
-        engine = await self.loader.get(ctx)
+        if self.drain.expired:
+            raise self.drain.shutdown_error(running=False)
+        engine = self.engine
+        if engine is None:  # loading: a job waiting for it ends at the drain's deadline too
+            engine = await unless_expired(live, self.drain, self.loader.get(ctx))
         spec = ctx.spec
-        run = JobRequests(ctx, engine, spec, self.settings)
+        # the job's view of the engine records its request ids, for the drain's aborts
+        run = JobRequests(ctx, JobEngine(engine, self.drain, live), spec, self.settings)
         if spec.route == "summarize":
             items = summarize_items(run)
         else:
@@ -173,6 +187,11 @@ class Worker:
             log.error("%s: this worker will be replaced after the jobs in flight", why)
 
     # -- shutdown --------------------------------------------------------------------------------
+    async def _abort_request(self, request_id: str) -> None:
+        """The drain's deadline: abort one request (it ends with finish_reason "abort")."""
+        if self.engine is not None:
+            await self.engine.abort(request_id)
+
     async def aclose(self) -> None:
         """Stop the background tasks (the engine's loop, the summary logger)."""
         await self.loader.aclose()

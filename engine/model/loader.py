@@ -9,7 +9,7 @@ import os
 import torch
 
 from engine.distributed import SINGLE, TPGroup
-from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.errors import ModelLoadError
 from engine.model import registry
 from engine.model.spec import ModelSpec
 from engine.quant import quant_from_config
@@ -90,7 +90,7 @@ def eos_token_ids(path: str, cfg_eos, tokenizer) -> set[int]:
     return ids
 
 
-def read_model_spec(path: str, max_model_len: int | None = None, quantization: str | None = None) -> ModelSpec:
+def read_model_spec(path: str, quantization: str | None = None) -> ModelSpec:
     """Validate the checkpoint's config; raises UnsupportedModelError naming what is unsupported."""
     from transformers import AutoConfig
 

@@ -44,6 +44,10 @@ class TPModelRunner:
     def free_kv_cache(self):
         self._everywhere("free_kv_cache")
 
+    def scrub_kv(self, block_ids: list[int]) -> None:
+        """Expired blocks zeroed on every rank (each holds its own KV heads of them)."""
+        self._everywhere("scrub_kv", block_ids)
+
     def profile_peak_bytes(self, num_tokens: int, num_seqs: int) -> int:
         mine, others = self._everywhere("profile_peak_bytes", num_tokens, num_seqs)
         return max([mine, *others])

@@ -1,5 +1,6 @@
-"""One job's running state (`JobContext`: its logger, clock, tokens) and its end: the metrics
-it adds and the one `finished` log line with status, code, tokens and timings."""
+"""One job's running state (`JobContext`: its logger, clock, tokens, retries) and its end: the
+metrics it adds and the one `finished` log line with status, code, tokens, retries and timings
+(its error message cut short: part of it may be the job's input)."""
 from __future__ import annotations
 
 import json
@@ -7,9 +8,10 @@ import logging
 import time
 
 from handler.errors import JobError
-from handler.logs import JobLog
+from handler.logs import JobLog, clean
 
 log = logging.getLogger("handler.worker")
+MAX_ERROR_CHARS = 1000  # of the error message in a job's finished line (the JSON after it stays whole)
 
 
 class JobContext:
@@ -29,6 +31,7 @@ class JobContext:
         self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self.completion_tokens = 0
         self.cached = False  # the result came from the request_id cache
+        self.empty_output_retries = 0  # requests run again for an empty output (EMPTY_OUTPUT_RETRIES)
         self.waited_for_load = 0.0
 
     def add_tokens(self, n: int) -> None:
@@ -73,17 +76,21 @@ def job_finished(ctx: JobContext, status: str, error: JobError | None, metrics, 
     tpot = ctx.tpot
     metrics.job_finished(status, code, timings["total_s"], ctx.ttft, tpot if status == "completed" else None,
                          ctx.prompt_tokens, ctx.completion_tokens)
+    if ctx.empty_output_retries:
+        metrics.empty_output_retries.inc(ctx.empty_output_retries)
     if stats:
         metrics.engine_state(stats)
     record = {
         "status": status, "code": code, "prompt_tokens": ctx.prompt_tokens, "cached_prompt_tokens": ctx.cached_tokens,
         "completion_tokens": ctx.completion_tokens, **timings,
         "tpot_s": round(tpot, 5) if tpot is not None else None, "cached_result": ctx.cached,
+        "empty_output_retries": ctx.empty_output_retries,
         "route": ctx.spec.route if ctx.spec is not None else None, "jobs_in_flight": in_flight,
     }
     if stats:
         record.update({"kv_blocks_free": stats["kv_blocks_free"], "kv_blocks_total": stats["kv_blocks_total"],
                        "running": stats["num_running"], "waiting": stats["num_waiting"]})
     level = logging.INFO if status != "failed" or code == "invalid_input" else logging.WARNING
-    ctx.log.log(level, "%s %s%s %s", status, code, f": {error.message}" if error else "",
+    message = f": {clean(error.message, MAX_ERROR_CHARS)}" if error else ""  # its user-controlled part cut short
+    ctx.log.log(level, "%s %s%s %s", status, code, message,
                 json.dumps(record, ensure_ascii=False), extra={"job_finished": record})

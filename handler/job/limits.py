@@ -1,5 +1,6 @@
-"""Size limits of a job's input (MAX_INPUT_CHARS, MAX_MESSAGES, MAX_OUTPUT_TOKENS), checked on the
-parsed JobSpec before any tokenizing; each refusal is invalid_input naming the field, the limit and its setting."""
+"""Size limits of a job's input (MAX_INPUT_CHARS, MAX_MESSAGES, MAX_OUTPUT_TOKENS, and the stop lists'
+MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS), checked on the parsed JobSpec before any
+tokenizing; each refusal is invalid_input naming the field, the limit and its setting."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,6 +16,23 @@ def over_limit(field: str, what: str, value: int, limit: int, setting: str) -> J
 def output_cap(settings: Any) -> int | None:
     """MAX_OUTPUT_TOKENS, or None when the settings object has none."""
     return getattr(settings, "max_output_tokens", None)
+
+
+def precheck_counts(job_input: Any, settings: Any) -> None:
+    """Message counts checked before the full parse walks them (a million messages are
+    refused at once, not after a second of validation on the event loop)."""
+    max_messages = getattr(settings, "max_messages", None)
+    if not max_messages or not isinstance(job_input, dict):
+        return
+    openai = job_input.get("openai_input")
+    candidates = [("messages", job_input.get("messages")),
+                  ("openai_input.messages", openai.get("messages") if isinstance(openai, dict) else None)]
+    prompt = job_input.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):  # apply_chat_template
+        candidates.append(("prompt", prompt))
+    for field, value in candidates:
+        if isinstance(value, list) and len(value) > max_messages:
+            raise over_limit(field, "messages", len(value), max_messages, "MAX_MESSAGES")
 
 
 def check_limits(spec, job_input: dict, settings: Any) -> None:
@@ -46,6 +64,24 @@ def check_limits(spec, job_input: dict, settings: Any) -> None:
     asked = spec.sampling.get("max_tokens")
     if max_tokens and isinstance(asked, int) and asked > max_tokens:
         oi = job_input.get("openai_input") if prefix else None
-        name = "max_completion_tokens" if isinstance(oi, dict) and oi.get("max_tokens") is None else "max_tokens"
+        given = isinstance(oi, dict) and oi.get("max_completion_tokens") is not None  # it wins over max_tokens
+        name = "max_completion_tokens" if given else "max_tokens"
         field = prefix + name if prefix else "sampling_params.max_tokens"
         raise over_limit(field, "tokens", asked, max_tokens, "MAX_OUTPUT_TOKENS")
+    check_stop_limits(spec, settings)
+
+
+def check_stop_limits(spec, settings: Any) -> None:
+    """MAX_STOP_STRINGS, MAX_STOP_CHARS (all stop strings together) and MAX_STOP_TOKEN_IDS, on the
+    checked sampling values (a lone stop string counts as a list of one)."""
+    stop = spec.sampling.get("stop") or []
+    stops = [stop] if isinstance(stop, str) else stop
+    most, most_chars = getattr(settings, "max_stop_strings", None), getattr(settings, "max_stop_chars", None)
+    if most and len(stops) > most:
+        raise over_limit(spec.field("stop"), "stop strings", len(stops), most, "MAX_STOP_STRINGS")
+    chars = sum(map(len, stops))
+    if most_chars and chars > most_chars:
+        raise over_limit(spec.field("stop"), "characters of stop strings", chars, most_chars, "MAX_STOP_CHARS")
+    ids, most_ids = spec.sampling.get("stop_token_ids") or [], getattr(settings, "max_stop_token_ids", None)
+    if most_ids and len(ids) > most_ids:
+        raise over_limit(spec.field("stop_token_ids"), "stop token ids", len(ids), most_ids, "MAX_STOP_TOKEN_IDS")

@@ -7,7 +7,8 @@ from typing import Any
 
 from handler.errors import invalid
 from handler.job.fields import parse_messages, parse_prompt
-from handler.job.sampling import SAMPLING_KEYS, check_sampling
+from handler.job.sampling import SAMPLING_KEYS, check_sampling, is_noop
+from handler.logs import clean
 
 # OpenAI names of engine SamplingParams fields (the others, vLLM's extensions included, pass as they are)
 RENAMED = {"max_completion_tokens": "max_tokens"}
@@ -67,12 +68,15 @@ def parse_openai_input(route: str, oi: Any, spec) -> None:
         if key in ("messages", "prompt") or key in IGNORED or value is None:
             continue
         if key in NOOP:
-            if value not in NOOP[key]:
+            if not is_noop(value, NOOP[key]):
                 raise invalid(p + key, f"is not supported by this worker (only {NOOP[key][0]!r})")
         elif RENAMED.get(key, key) in SAMPLING_KEYS:
             sampling[RENAMED.get(key, key)] = value
         else:
-            spec.notes.append(f"openai_input.{key} is not supported and was ignored")
+            spec.notes.append(f"openai_input.{clean(key, 100)} is not supported and was ignored")
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
-    spec.sampling = check_sampling(sampling, spec)
+    sent_as = {new: old for old, new in RENAMED.items() if oi.get(old) is not None}
+    for new, old in sent_as.items():  # OpenAI's own name wins (max_completion_tokens over max_tokens, as vLLM)
+        sampling[new] = oi[old]
+    spec.sampling = check_sampling(sampling, spec, sent_as)

@@ -1,6 +1,7 @@
 """A job's sampling values: the names a job may give (engine.SamplingParams'
 request fields, and vLLM's names we take only at their no-op value), checked
-by the engine's own rules, its errors named by the job's fields."""
+by the engine's own rules (every field's type too), its errors named by the
+job's fields as the job sent them."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,16 +15,25 @@ SAMPLING_NOOP = {"n": 1, "best_of": 1, "use_beam_search": False, "logprobs": Non
 SAMPLING_KEYS = frozenset(REQUEST_FIELDS) - set(SAMPLING_NOOP)
 
 
-def invalid_from_engine(spec, exc) -> JobError:
+def is_noop(value: Any, allowed: tuple) -> bool:
+    """`value` is one of the `allowed` values, of the same type: true is not 1, 1.0 is not 1, 0 is not false."""
+    return any(type(value) is type(a) and value == a for a in allowed)
+
+
+def invalid_from_engine(spec, exc, sent_as: dict[str, str] | None = None) -> JobError:
     """An engine InvalidInputError as the job's invalid_input, naming the job's field
-    (`spec.field`: handler.job.schema.JobSpec.field)."""
+    (`spec.field`: handler.job.schema.JobSpec.field) under the name the job used (`sent_as`:
+    engine name -> the job's, e.g. max_tokens -> max_completion_tokens)."""
     problem = exc.message.removeprefix("sampling params: ").removeprefix(f"{exc.field}: ")
-    return invalid(spec.field(exc.field), problem)
+    problem = problem.removeprefix(f"{exc.field} ")
+    name = (sent_as or {}).get(exc.field, exc.field)
+    return invalid(spec.field(name), problem)
 
 
-def check_sampling(values: Any, spec) -> dict:
+def check_sampling(values: Any, spec, sent_as: dict[str, str] | None = None) -> dict:
     """The given sampling values (None ones dropped), checked now by the engine's
-    SamplingParams rules so a bad one fails before the model loads."""
+    SamplingParams rules so a bad one fails before the model loads; `sent_as` maps an
+    engine name to the one the job gave (OpenAI's max_completion_tokens)."""
     from engine.errors import InvalidInputError
     from engine.input_processor import sampling_params
 
@@ -34,7 +44,7 @@ def check_sampling(values: Any, spec) -> dict:
     out = {}
     for key, value in values.items():
         if key in SAMPLING_NOOP:
-            if value is not None and value != SAMPLING_NOOP[key]:
+            if value is not None and not is_noop(value, (SAMPLING_NOOP[key],)):
                 raise invalid(spec.field(key), f"only {SAMPLING_NOOP[key]!r} is supported")
             continue
         if key not in SAMPLING_KEYS:
@@ -44,5 +54,5 @@ def check_sampling(values: Any, spec) -> dict:
     try:
         sampling_params(out)
     except InvalidInputError as exc:
-        raise invalid_from_engine(spec, exc) from None
+        raise invalid_from_engine(spec, exc, sent_as) from None
     return out

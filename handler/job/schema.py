@@ -11,6 +11,8 @@ from engine.validation import is_int, is_number
 from handler.errors import invalid
 from handler.job.fields import check_json, fingerprint, parse_bool, parse_messages, parse_prompt
 from handler.job.sampling import check_sampling
+from handler.logs import has_control_chars
+from handler.result_cache import ResultKey
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 
@@ -25,6 +27,7 @@ TOP_LEVEL_KEYS = {
 MAX_REQUEST_ID_LEN = 256
 MAX_BATCH_SIZE = 2**31  # stream item sizes (tokens) beyond this are the same as this
 MAX_TENANT_LEN = 256
+MAX_KEY_CHARS = 100  # of an unknown key's name as an error names it
 
 
 @dataclass(slots=True)
@@ -61,7 +64,7 @@ class JobSpec:
     idempotency_key: str | None = None  # the job's `request_id`: the same one returns the stored result
     priority: int = 0
     timeout_s: float | None = None
-    cache_salt: str | None = None  # enters the prefix-cache block hashes (from cache_salt and/or tenant)
+    cache_salt: str | None = None  # enters the prefix-cache block hashes (derived from cache_salt and/or tenant)
     batching: StreamBatching | None = None
     summarize: SummarizeSpec | None = None
     include_usage: bool = False  # OpenAI stream_options.include_usage
@@ -74,12 +77,11 @@ class JobSpec:
         return self.route in ROUTES
 
     @property
-    def result_key(self) -> str | None:
+    def result_key(self) -> ResultKey | None:
         """The result cache's key: request_id within the job's cache salt (tenants never share results)."""
         if self.idempotency_key is None:
             return None
-        key = self.idempotency_key
-        return key if self.cache_salt is None else f"{self.cache_salt}\x00{key}"
+        return ResultKey(self.cache_salt, self.idempotency_key)
 
     def field(self, engine_field: str | None) -> str:
         """The job input field an engine error's field stands for: the prompt and messages,
@@ -94,6 +96,13 @@ class JobSpec:
         if self.openai_input:
             return "openai_input" if name == "sampling_params" else "openai_input." + name
         return name
+
+
+def _named(key: str) -> str:
+    """An unknown key as an error names it: as sent (the error's JSON carries any character, the
+    log escapes them: handler.logs), cut after MAX_KEY_CHARS."""
+    cut = len(key) - MAX_KEY_CHARS
+    return key if cut <= 0 else f"{key[:MAX_KEY_CHARS]}... ({cut:,} more characters)"
 
 
 def _batching(data: dict, settings: Any) -> StreamBatching:
@@ -119,7 +128,8 @@ def _summarize(value: Any) -> SummarizeSpec:
         raise invalid("summarize", "must be the document text or {text, instructions, max_tokens}")
     unknown = set(value) - {"text", "document", "instructions", "max_tokens"}
     if unknown:
-        raise invalid(f"summarize.{sorted(unknown)[0]}", "unknown key; use text, instructions, max_tokens")
+        raise invalid(f"summarize.{_named(sorted(unknown)[0])}",
+                      "unknown key; use text, instructions, max_tokens")
     text = value.get("text", value.get("document"))
     if not isinstance(text, str) or not text.strip():
         raise invalid("summarize.text", "must be a non-empty string")
@@ -135,25 +145,30 @@ def _summarize(value: Any) -> SummarizeSpec:
 def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
     """The job's `input` as a JobSpec; raises JobError(invalid_input) naming the field
     (also for input over the size limits of handler.limits)."""
-    from handler.job.limits import check_limits
+    from handler.job.limits import check_limits, precheck_counts
 
+    precheck_counts(job_input, settings)
     spec = _parse_job_input(job_input, settings)
     check_limits(spec, job_input, settings)
     return spec
 
 
 def _cache_salt(job_input: dict) -> str | None:
-    """cache_salt as given; with a tenant, a salt derived from both (so no tenant can name another's salt
-    by accident)."""
+    """The engine's cache salt: None without cache_salt and tenant; else a hash in one of two
+    namespaces, `salt:` for a cache_salt alone and `tenant:` for a tenant (with its cache_salt, if
+    any), so no cache_salt a client sends can ever equal a tenant's salt (nor contain a NUL)."""
     salt, tenant = job_input.get("cache_salt"), job_input.get("tenant")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise invalid("cache_salt", "must be a non-empty string")
     if tenant is None:
-        return salt
+        return None if salt is None else "salt:" + _sha256(["salt", salt])
     if not isinstance(tenant, str) or not tenant or len(tenant) > MAX_TENANT_LEN:
         raise invalid("tenant", f"must be a non-empty string of at most {MAX_TENANT_LEN} characters")
-    blob = json.dumps(["tenant", tenant, salt], ensure_ascii=False).encode()
-    return "tenant-" + hashlib.sha256(blob).hexdigest()
+    return "tenant:" + _sha256(["tenant", tenant, salt])
+
+
+def _sha256(parts: list) -> str:
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
 
 
 def _parse_job_input(job_input: Any, settings: Any) -> JobSpec:
@@ -162,7 +177,8 @@ def _parse_job_input(job_input: Any, settings: Any) -> JobSpec:
     check_json(job_input)
     for key in job_input:
         if key not in TOP_LEVEL_KEYS:
-            raise invalid(key or '""', "unknown input key; expected one of " + ", ".join(sorted(TOP_LEVEL_KEYS)))
+            raise invalid(_named(key) or '""',
+                          "unknown input key; expected one of " + ", ".join(sorted(TOP_LEVEL_KEYS)))
     spec = JobSpec(route="generate", fingerprint=fingerprint(job_input))
     _parse_job_options(job_input, settings, spec)
     route = job_input.get("openai_route")
@@ -188,6 +204,8 @@ def _parse_job_options(job_input: dict, settings: Any, spec: JobSpec) -> None:
     if rid is not None:
         if not isinstance(rid, str) or not rid or len(rid) > MAX_REQUEST_ID_LEN:
             raise invalid("request_id", f"must be a non-empty string of at most {MAX_REQUEST_ID_LEN} characters")
+        if has_control_chars(rid):
+            raise invalid("request_id", "must not contain control characters (NUL, newline, tab, escape, ...)")
         spec.idempotency_key = rid
     priority = job_input.get("priority", 0)
     if not is_int(priority) or abs(priority) >= 2**31:

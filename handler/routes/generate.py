@@ -1,6 +1,7 @@
 """The native job's items: the request's text streamed in worker-vllm's growing
 item sizes (or whole), then the final item with finish_reason, truncated, usage
-and timings; `stream_batches` is the batching every route streams with."""
+and timings; `stream_batches` is the batching every route streams with (an empty
+output retried there, handler.job.retry)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,32 +9,40 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from handler.execution import Completion, JobRequests
+from handler.job.retry import EmptyOutputRetry
 
 
 async def stream_batches(run: JobRequests, request, engine_request_id: str, wrap: Callable[[str], Any] = str,
                          head: tuple = ()) -> AsyncIterator[tuple[str, Any]]:
     """Run the request: ("items", [...]) each time a streaming job's new text (each piece
     through `wrap`, after `head` in the first batch) reaches the next item size in tokens,
-    then ("done", (Completion, the items not yet yielded)) once it passed the failure check."""
+    then ("done", (Completion, the items not yet yielded)) once it passed the failure check.
+    An empty output that nothing was streamed of runs again (EmptyOutputRetry) first."""
     spec = run.spec
-    pending, tokens = list(head), 0
-    sizes = spec.batching.sizes()
-    target = next(sizes)
-    comp = None
-    async with contextlib.aclosing(run.events(request, engine_request_id)) as events:
-        async for kind, value, ntok in events:
-            if kind == "done":
-                comp = value
-                continue
-            if not spec.stream:
-                continue
-            if value:
-                pending.append(wrap(value))
-            tokens += ntok
-            if pending and tokens >= target:
-                yield "items", pending
-                pending, tokens, target = [], 0, next(sizes)
-    run.check(comp)
+    retry = EmptyOutputRetry(run, request, engine_request_id)
+    head_sent = False
+    while True:
+        pending, tokens, has_text, streamed = ([] if head_sent else list(head)), 0, False, False
+        sizes = spec.batching.sizes()
+        target = next(sizes)
+        comp = None
+        async with contextlib.aclosing(run.events(retry.request, retry.request_id)) as events:
+            async for kind, value, ntok in events:
+                if kind == "done":
+                    comp = value
+                    continue
+                if not spec.stream:
+                    continue
+                if value:
+                    pending.append(wrap(value))
+                    has_text = True
+                tokens += ntok
+                if pending and tokens >= target:
+                    yield "items", pending
+                    streamed = streamed or has_text  # the client has some of this attempt's text
+                    pending, tokens, target, head_sent = [], 0, next(sizes), True
+        if not retry.again(comp, streamed):
+            break
     yield "done", (comp, pending)
 
 

@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "RunPod endpoint.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help='files, folders (read recursively) or .jsonl files of {"id", "text"} records')
+    p.add_argument("--follow-links", action="store_true", help="in a folder, also read symbolic links that lead "
+                   "out of it (default: such a link is a failed document)")
     p.add_argument("--out", required=True, help="results JSONL (appended to; a rerun resumes from it)")
     p.add_argument("--report", help="also write a Markdown report of every document here")
     p.add_argument("--endpoint", metavar="ID", help="RunPod endpoint id; without it, the local engine runs here")
@@ -111,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
     options = Options(style=args.style, instructions=args.instructions, max_summary_tokens=args.max_summary_tokens,
                       concurrency=args.concurrency, retries=max(0, args.retries), backoff_s=max(0.0, args.backoff))
     try:
-        docs = collect(args.inputs, exclude=[args.out, args.report])
+        docs = collect(args.inputs, exclude=[args.out, args.report], follow_links=args.follow_links)
     except InputError as exc:
         return fail(str(exc))
     if not docs:

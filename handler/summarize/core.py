@@ -104,7 +104,8 @@ async def reduce_to_fit(
     plan = Plan(messages=summary_messages(text, instructions))
     summaries: list[str] | None = None
     while True:
-        if count_tokens(plan.messages) + summary_tokens <= context_tokens:
+        # a long document is tokenized in a thread: other jobs keep streaming meanwhile
+        if await asyncio.to_thread(count_tokens, plan.messages) + summary_tokens <= context_tokens:
             return plan
         if plan.rounds >= max_rounds:
             raise SummarizeError(f"the document did not fit the context after {max_rounds} map rounds")
@@ -115,7 +116,8 @@ async def reduce_to_fit(
         chunk_tokens = avail - map_tokens
         if map_tokens < 8 or chunk_tokens < 2 * map_tokens:
             raise SummarizeError(f"a context of {context_tokens} tokens is too small to summarize in parts")
-        chunks = [decode(c).strip("\ufffd") for c in split_ids(encode(source), chunk_tokens)]
+        chunks = await asyncio.to_thread(
+            lambda: [decode(c).strip("\ufffd") for c in split_ids(encode(source), chunk_tokens)])
         if plan.rounds == 0:
             plan.chunks = len(chunks)
         gate = asyncio.Semaphore(max(1, concurrency))

@@ -1,5 +1,6 @@
-"""The documents of a summarize run: files, folders (recursively) and JSONL files of
-{"id", "text"}, each read once and hashed; unreadable ones carry the reason they fail."""
+"""The documents of a summarize run: files, folders (recursively; links out of a folder only
+with --follow-links) and JSONL files of {"id", "text"}, each read once and hashed; unreadable
+ones carry the reason they fail."""
 from __future__ import annotations
 
 import codecs
@@ -114,28 +115,58 @@ def read_jsonl(path: str) -> list[Document]:
     return docs
 
 
-def _walk(folder: str, exclude: set[str]) -> tuple[list[str], int]:
-    """Files under `folder`, sorted, hidden files and folders left out (and counted)."""
-    found, hidden = [], 0
-    for root, dirs, files in os.walk(folder):
+def _inside(top: str, real: str) -> bool:
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _link_outside(path: str, real: str, folder: str) -> Document:
+    return Document(path, path, "", error=_fail(
+        "link_outside_folder", f"a symbolic link to {real}, outside the folder {folder}: not read "
+        "(--follow-links reads it)"))
+
+
+def _walk(folder: str, exclude: set[str], follow_links: bool) -> tuple[list[str], list[Document], int]:
+    """Files under `folder`, sorted, hidden files and folders left out (and counted). A link that
+    leads out of the folder is not read unless `follow_links`: it comes back as a failed document.
+    Followed links never read a folder twice (a link back up ends there)."""
+    top = os.path.realpath(folder)
+    found, refused, hidden, seen = [], [], 0, {top}
+    for root, dirs, files in os.walk(folder, followlinks=follow_links):
         hidden += sum(d.startswith(".") for d in dirs) + sum(f.startswith(".") for f in files)
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        keep = []
+        for name in sorted(d for d in dirs if not d.startswith(".")):
+            path = os.path.join(root, name)
+            real = os.path.realpath(path)
+            if not follow_links:
+                if os.path.islink(path) and not _inside(top, real):
+                    refused.append(_link_outside(os.path.normpath(path), real, folder))
+            elif real not in seen:
+                seen.add(real)
+                keep.append(name)
+        dirs[:] = keep if follow_links else sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = os.path.normpath(os.path.join(root, name))
-            if name.startswith(".") or os.path.realpath(path) in exclude:
+            real = os.path.realpath(path)
+            if name.startswith(".") or real in exclude:
+                continue
+            if not follow_links and not _inside(top, real):
+                refused.append(_link_outside(path, real, folder))
                 continue
             found.append(path)
-    return found, hidden
+    return found, refused, hidden
 
 
-def collect(inputs: list[str], exclude: list[str] = ()) -> list[Document]:
+def collect(inputs: list[str], exclude: list[str] = (), follow_links: bool = False) -> list[Document]:
     """The documents of INPUT arguments, in order. `exclude`: files never read (the run's
-    own results and report). Raises InputError for an argument that does not exist."""
+    own results and report). In a folder, links out of it are failed documents unless
+    `follow_links` (an INPUT argument that is itself a link is read). Raises InputError
+    for an argument that does not exist."""
     skip = {os.path.realpath(p) for p in exclude if p}
     docs: list[Document] = []
     for arg in inputs:
+        refused: list[Document] = []
         if os.path.isdir(arg):
-            files, hidden = _walk(arg, skip)
+            files, refused, hidden = _walk(arg, skip, follow_links)
             if hidden:
                 log.info("%s: left out %d hidden files or folders", arg, hidden)
         elif os.path.exists(arg):
@@ -144,6 +175,7 @@ def collect(inputs: list[str], exclude: list[str] = ()) -> list[Document]:
             raise InputError(f"{arg}: no such file or folder")
         for path in files:
             docs.extend(read_jsonl(path) if path.endswith(".jsonl") else [read_file(path)])
+        docs.extend(refused)
     return _unique(docs)
 
 

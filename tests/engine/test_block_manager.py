@@ -3,7 +3,7 @@ counts equal the block tables holding each block, prefix hits are exact."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.block_manager import RELEASED, BlockManager
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -14,6 +14,7 @@ ops = st.lists(
         st.tuples(st.just("new"), st.integers(1, 40), st.integers(0, 3)),  # prompt length, prefix family
         st.tuples(st.just("append"), st.integers(0, 10), st.integers(1, 20)),  # which seq, how many tokens
         st.tuples(st.just("free"), st.integers(0, 10), st.just(0)),
+        st.tuples(st.just("release"), st.integers(0, 10), st.integers(1, 30)),  # which seq, window
     ),
     max_size=60,
 )
@@ -52,8 +53,16 @@ def test_random_operations_keep_invariants(ops, num_blocks, block_size, caching)
                 del seq.token_ids[-b:]
         elif op == "free" and live:
             bm.free_seq(live.pop(a % len(live)))
+        elif op == "release" and live:
+            seq = live[a % len(live)]
+            bm.release_outside_window(seq, b)
+            for i, bid in enumerate(seq.block_table):  # released: a prefix, and every block wholly below the window
+                assert (bid == RELEASED) == (i < seq.num_released_blocks)
+                if (i + 1) * block_size - 1 <= seq.num_computed_tokens - b:
+                    assert bid == RELEASED
         bm.check_invariants(live)
-        assert bm.num_free_blocks + len({x for s in live for x in s.block_table}) == num_blocks
+        held = {x for s in live for x in s.block_table if x != RELEASED}
+        assert bm.num_free_blocks + len(held) == num_blocks
         for s in live:
             assert len(s.block_table) == -(-s.num_computed_tokens // block_size)
     for s in live:
@@ -135,7 +144,7 @@ def test_cached_blocks_expire_after_ttl():
     assert hits == 2
     bm.free_seq(b)
     now[0] += 31
-    assert bm.expire() == 2 and not bm.cached
+    assert len(bm.expire()) == 2 and not bm.cached
     _, hits = _cached_seq(bm, "c", list(range(1, 10)))
     assert hits == 0
 
@@ -149,3 +158,25 @@ def test_hash_collision_across_salts_is_no_hit(monkeypatch):
     bm.free_seq(a)
     _, other = _cached_seq(bm, "b", list(range(1, 10)), salt="tenant-2")
     assert other == 0  # same tokens, same hash, another salt: the block records its salt
+
+
+def test_release_outside_window_frees_only_what_no_query_sees():
+    """Window 10, block 4, 23 tokens computed (next query at 23 sees keys 14..23): blocks
+    0..2 (tokens 0..11) go, block 3 (12..15) stays; a full released block stays cached,
+    so another sequence with the same prefix still hits it; free_seq skips the released."""
+    bm = BlockManager(12, 4, enable_prefix_caching=True)
+    seq = Sequence("a", None, list(range(23)), PARAMS, 8)
+    assert bm.allocate_slots(seq, 23)
+    seq.num_computed_tokens = 23
+    bm.cache_full_blocks(seq)
+    held = list(seq.block_table)
+    assert bm.release_outside_window(seq, 10) == 3
+    assert seq.block_table[:3] == [RELEASED] * 3 and seq.block_table[3:] == held[3:]
+    assert bm.num_free_blocks == 12 - 3
+    assert bm.release_outside_window(seq, 10) == 0  # idempotent
+    bm.check_invariants([seq])
+    other = Sequence("b", None, list(range(23)), PARAMS, 8)
+    assert bm.get_computed_blocks(other)[:3] == held[:3]  # still in the prefix cache
+    bm.free_seq(seq)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 12 and seq.num_released_blocks == 0

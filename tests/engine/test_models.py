@@ -126,3 +126,29 @@ def test_phi3_fused_tensor_that_does_not_split_fails_naming_it(tiny_phi3_dir, tm
     with pytest.raises(ModelLoadError, match="qkv_proj"):
         LLM(str(dst), num_kv_blocks=8)
     assert json.load(open(os.path.join(dst, "config.json")))["architectures"] == ["Phi3ForCausalLM"]
+
+
+@pytest.mark.parametrize("arch", ["mistral_sw", "phi3"])
+def test_every_layer_sliding_holds_only_the_window(arch, request):
+    """Mistral (window 24) and Phi-3 (48): a 300-token prompt runs in a pool of 24 blocks of 8
+    (192 tokens): the blocks below the window go back as it moves, the tokens equal HF's."""
+    path = request.getfixturevalue(f"tiny_{arch}_dir")
+    prompts = random_prompts(41, 400, lengths=[300, 150, 40])
+    llm = LLM(path, block_size=8, num_kv_blocks=24, max_num_batched_tokens=32)
+    assert llm.engine.kv_capacity_tokens >= 512  # any length: a window and a chunk fit
+    window = llm.engine.scheduler.window
+    assert llm.engine.request_kv_tokens == window + 32 + 2 * 8 < llm.engine.max_request_tokens
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=12, temperature=0))
+    for p, o in zip(prompts, outs):
+        assert o.outputs[0].token_ids == reference(path, p), f"prompt of {len(p)}"
+    stats = llm.stats()
+    assert stats["kv_blocks_released_by_window"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_mixed_sliding_and_full_layers_release_nothing(tiny_gemma3_dir):
+    """Gemma 3's full-attention layer reads the whole context: no block is released."""
+    llm = LLM(tiny_gemma3_dir, block_size=8, num_kv_blocks=64)
+    llm.generate([{"prompt_token_ids": random_prompts(5, 400, lengths=[200])[0]}],
+                 SamplingParams(max_tokens=4, temperature=0))
+    assert llm.engine.scheduler.window is None and llm.stats()["kv_blocks_released_by_window"] == 0

@@ -3,7 +3,6 @@ with transformers float32 on the CPU (many prompts together, block sizes, prefix
 caching, chunked prefill), both checkpoint spellings of the experts, the loader's
 errors, the Triton path under the interpreter, and AWQ experts (AutoAWQ itself,
 and round-to-nearest packing) against transformers running the dequantized weights."""
-import json
 import os
 import shutil
 
@@ -12,24 +11,21 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.distributed import TPGroup
-from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.errors import UnsupportedModelError
 from engine.model import registry
 from engine.model.layers.moe import FusedMoE
 from engine.model.loader import load_weights, read_model_spec
 from engine.model.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock
 from tests import models
-from tests.engine.test_parity import LENGTHS, random_prompts
+from tests.engine.test_parity import LENGTHS, MAX_NEW, random_prompts, reference
+from tests.engine.test_parity import run_engine as run
 
-MAX_NEW = 12
 MOE = dict(num_hidden_layers=3, intermediate_size=96, head_dim=32, num_experts=8, num_experts_per_tok=2,
            moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[1])  # layers 0, 2 sparse; 1 dense
-_REF: dict = {}
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    """The architecture in the registry (the line engine/model/registry.py carries)."""
-    monkeypatch.setitem(registry.ARCHITECTURES, "Qwen3MoeForCausalLM", Qwen3MoeForCausalLM)
+def test_registered():
+    assert registry.ARCHITECTURES["Qwen3MoeForCausalLM"] is Qwen3MoeForCausalLM
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +38,6 @@ def moe_plain_dir(ckpt_dir):
     """norm_topk_prob False: the top-k probabilities weigh the experts as they are."""
     return models.make_checkpoint(str(ckpt_dir / "qwen3-moe-plain"), "qwen3_moe", seed=12, norm_topk_prob=False,
                                   **MOE)
-
-
-def reference(path, prompt):
-    key = (path, tuple(prompt))
-    if key not in _REF:
-        _REF[key] = models.hf_greedy(path, prompt, MAX_NEW)
-    return _REF[key]
-
-
-def run(path, prompts, **kwargs):
-    llm = LLM(path, **kwargs)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=MAX_NEW, temperature=0))
-    stats = llm.stats()
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], "blocks leaked after all requests ended"
-    return [o.outputs[0].token_ids for o in outs], stats
 
 
 @pytest.mark.parametrize("norm", [True, False])

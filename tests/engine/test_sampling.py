@@ -18,6 +18,12 @@ def llm(tiny_llama_dir):
     ("repetition_penalty", 0), ("presence_penalty", 3), ("frequency_penalty", -3), ("seed", -1),
     ("stop", [""]), ("stop_token_ids", [-1]), ("logprobs", 50), ("min_tokens", -1), ("temperature", float("nan")),
     ("max_tokens", "10"), ("ignore_eos", "yes"),
+    # every field's type: a string "false" is not false, a dict is not a list, 1.0 is not 1
+    ("skip_special_tokens", "no"), ("skip_special_tokens", 0), ("include_stop_str_in_output", "false"),
+    ("include_stop_str_in_output", 1), ("detokenize", None), ("stop", {"a": 1}), ("stop", 5), ("stop", ["a", 1]),
+    ("stop", [["a"]]), ("stop_token_ids", 5), ("stop_token_ids", {"1": 2}), ("stop_token_ids", [1.0]),
+    ("stop_token_ids", [True]), ("stop_token_ids", "12"), ("seed", 1.0), ("top_k", 2.0), ("min_tokens", True),
+    ("logprobs", 1.5), ("temperature", "0"), ("top_p", None), ("max_tokens", 2.0),
 ])
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(InvalidInputError) as err:

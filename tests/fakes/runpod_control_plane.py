@@ -28,6 +28,7 @@ class FakeJob:
     done_at: float | None = None
     late_stream_posts: int = 0  # stream items posted after the job was final (e.g. before a stop lands)
     late_results: int = 0  # job-done posts after the job was already final
+    raw_input: bytes | None = None  # the input as raw body bytes (not JSON-encodable: too deep, bad UTF-8)
 
     def status_view(self) -> dict:
         """What GET /v2/{endpoint}/status/{id} would answer."""
@@ -53,6 +54,8 @@ class FakeControlPlane:
         self.pings: list[dict] = []
         self.violations: list[str] = []  # protocol errors seen (bad auth, unknown job, ...)
         self.takes: list[dict] = []  # query of every job-take call
+        self.take_times: list[float] = []  # when each job-take call arrived (monotonic)
+        self.takes_held = 0  # job-take calls held open right now (a long-poll in flight)
         self.cond = threading.Condition()
         self._count = 0
         self._server: ThreadingHTTPServer | None = None
@@ -118,6 +121,16 @@ class FakeControlPlane:
             self.cond.notify_all()
         return jid
 
+    def submit_raw(self, raw_input: bytes, job_id: str) -> str:
+        """Queue a job whose input is sent as these bytes verbatim in the job-take body (a
+        body a JSON encoder could not write: nested too deep, invalid UTF-8)."""
+        with self.cond:
+            assert job_id not in self.jobs
+            self.jobs[job_id] = FakeJob(job_id, None, raw_input=raw_input)
+            self.queue.append(job_id)
+            self.cond.notify_all()
+        return job_id
+
     def cancel(self, job_id: str) -> None:
         """POST /v2/{endpoint}/cancel/{id}: CANCELLED now; a worker holding it is told to stop."""
         with self.cond:
@@ -181,16 +194,26 @@ class FakeControlPlane:
         deadline = time.monotonic() + self.hold_s
         with self.cond:
             self.takes.append({"worker": worker, "batch": batch, **query})
+            self.take_times.append(time.monotonic())
+            self.takes_held += 1
+            self.cond.notify_all()
             while not self.queue and time.monotonic() < deadline:
                 self.cond.wait(deadline - time.monotonic())
-            taken = []
+            self.takes_held -= 1
+            taken, raw = [], False
             while self.queue and len(taken) < want:
                 job = self.jobs[self.queue.pop(0)]
                 job.status, job.worker, job.taken_at = "IN_PROGRESS", worker, time.monotonic()
-                taken.append({"id": job.id, "input": job.input})
+                taken.append({"id": job.id, "input": job.input} if job.raw_input is None else
+                             {"id": job.id, "raw_input": job.raw_input})
+                raw = raw or job.raw_input is not None
             self.cond.notify_all()
         if not taken:
             return self._reply(req, 204, None)
+        if raw:  # the body written by hand, each raw input spliced in as is
+            items = [json.dumps(t).encode() if "raw_input" not in t else
+                     b'{"id": ' + json.dumps(t["id"]).encode() + b', "input": ' + t["raw_input"] + b"}" for t in taken]
+            return self._reply_raw(req, 200, b"[" + b", ".join(items) + b"]" if batch else items[0])
         return self._reply(req, 200, taken if batch else taken[0])
 
     def _stop_poll(self, req, worker: str):
@@ -247,3 +270,12 @@ class FakeControlPlane:
         req.end_headers()
         if blob:
             req.wfile.write(blob)
+
+    @staticmethod
+    def _reply_raw(req, code: int, blob: bytes):
+        """A JSON reply whose body bytes are given as they are."""
+        req.send_response(code)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(blob)))
+        req.end_headers()
+        req.wfile.write(blob)

@@ -23,14 +23,31 @@ le.LLMEngine.step = step
 runpy.run_module("handler", run_name="__main__", alter_sys=True)
 """
 
+# Run as `python -c LAUNCH_SLOW`: every engine step takes $FAKE_ENGINE_STEP_DELAY_S longer (jobs that
+# outlast a drain whatever the machine's speed), then runs the handler.
+LAUNCH_SLOW = """
+import os, runpy, time
+import engine.llm_engine as le
+_step, _delay = le.LLMEngine.step, float(os.environ["FAKE_ENGINE_STEP_DELAY_S"])
+def step(self):
+    time.sleep(_delay)
+    return _step(self)
+le.LLMEngine.step = step
+runpy.run_module("handler", run_name="__main__", alter_sys=True)
+"""
+
 
 class WorkerProcess:
-    def __init__(self, env: dict[str, str], args: list[str] = (), dead_at_step: int | None = None):
+    def __init__(self, env: dict[str, str], args: list[str] = (), dead_at_step: int | None = None,
+                 step_delay_s: float | None = None):
         full = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         full["PYTHONPATH"] = REPO + os.pathsep + full.get("PYTHONPATH", "")
         if dead_at_step is not None:
             full["FAKE_ENGINE_DEAD_AT_STEP"] = str(dead_at_step)
             cmd = [sys.executable, "-c", LAUNCH, *args]
+        elif step_delay_s is not None:
+            full["FAKE_ENGINE_STEP_DELAY_S"] = str(step_delay_s)
+            cmd = [sys.executable, "-c", LAUNCH_SLOW, *args]
         else:
             cmd = [sys.executable, "-m", "handler", *args]
         self.lines: list[str] = []

@@ -1,6 +1,7 @@
 """Observability: the Prometheus metrics (engine state live, jobs by status and code, tokens,
 TTFT and TPOT), served over HTTP on METRICS_PORT by `python -m handler`, the `metrics {...}`
-summary line every METRICS_LOG_INTERVAL_S, the job id on every job's lines, one finished line each."""
+summary line every METRICS_LOG_INTERVAL_S, the job id on every job's lines, one finished line each;
+the metrics server binds METRICS_HOST (loopback by default)."""
 from __future__ import annotations
 
 import asyncio
@@ -29,9 +30,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scrape(port: int) -> dict:
+def scrape(port: int, host: str = "127.0.0.1") -> dict:
     """{(name, sorted labels): value} of the /metrics page."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(body) for s in family.samples}
 
@@ -155,22 +156,66 @@ def test_every_job_line_carries_its_id_and_each_job_ends_in_one_finished_line(lo
     assert error_of(results["j-timeout"])["code"] == "timeout" and results["j-summary"]["status"] == "COMPLETED"
 
 
-def test_python_m_handler_serves_metrics_on_metrics_port(tiny_llama_dir):
-    port = free_port()
+def reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_metrics_bind_loopback_unless_another_host_is_given():
+    from handler.metrics import Metrics
+    from handler.settings import load_settings
+
+    assert load_settings({}).metrics_host == "127.0.0.1"
+    assert load_settings({"METRICS_HOST": "0.0.0.0"}).metrics_host == "0.0.0.0"
+    for host, other in ((None, "127.0.0.2"), ("127.0.0.2", "127.0.0.1")):
+        m, port = Metrics(), free_port()
+        if host is None:
+            m.serve(port)
+        else:
+            m.serve(port, host)
+        try:
+            assert reachable(host or "127.0.0.1", port) and scrape(port, host or "127.0.0.1")
+            assert not reachable(other, port), f"metrics reachable on {other} too"  # 0.0.0.0 would answer there
+        finally:
+            m.stop_serving()
+    with pytest.raises(OSError, match="METRICS_HOST"):
+        Metrics().serve(free_port(), "no-such-host.invalid")
+
+
+def run_worker_with_metrics(tiny_llama_dir, port: int, **extra) -> tuple[dict, str, WorkerProcess]:
+    """`python -m handler` with METRICS_PORT: the scrape after two jobs, the summary line, the process."""
     env = {"MODEL_NAME": tiny_llama_dir, "MAX_MODEL_LEN": "256", "NUM_KV_BLOCKS": "64", "DEFAULT_MAX_TOKENS": "8",
-           "METRICS_PORT": str(port), "METRICS_LOG_INTERVAL_S": "0.3"}
+           "METRICS_PORT": str(port), "METRICS_LOG_INTERVAL_S": "0.3", **extra}
+    host = extra.get("METRICS_HOST", "127.0.0.1")
     with FakeControlPlane() as fake:
         fake.submit({"prompt": "Hi", "sampling_params": {"ignore_eos": True}}, "a")
         fake.submit({"prompt": "x", "sampling_params": {"top_p": 7}}, "b")
         proc = WorkerProcess({**fake.worker_env(), **env})
         try:
             fake.wait_for(lambda: all(j.status in ("COMPLETED", "FAILED") for j in fake.jobs.values()), 90, "done")
-            m = scrape(port)
+            m = scrape(port, host)
+            assert not reachable("127.0.0.2" if host == "127.0.0.1" else "127.0.0.1", port)
             line = proc.wait_for_line("metrics {", 10)
             proc.proc.terminate()
             proc.wait(60)
         finally:
             proc.stop()
+    return m, line, proc
+
+
+def test_python_m_handler_binds_metrics_host(tiny_llama_dir):
+    port = free_port()
+    m, _, proc = run_worker_with_metrics(tiny_llama_dir, port, METRICS_HOST="127.0.0.2")
+    assert value(m, "worker_jobs_total", status="completed", code="ok") == 1
+    assert f"metrics served on port {port} of 127.0.0.2" in proc.output
+
+
+def test_python_m_handler_serves_metrics_on_metrics_port(tiny_llama_dir):
+    port = free_port()
+    m, line, proc = run_worker_with_metrics(tiny_llama_dir, port)  # no METRICS_HOST: loopback only
     assert value(m, "worker_jobs_total", status="completed", code="ok") == 1
     assert value(m, "worker_jobs_total", status="failed", code="invalid_input") == 1
     assert value(m, "worker_kv_blocks_total") == 64 and value(m, "worker_tokens_total", kind="completion") == 8

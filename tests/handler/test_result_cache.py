@@ -60,3 +60,24 @@ def test_expiry_and_size_limit():
         assert await c.claim("c", "fp") is None  # expired: computed again
 
     asyncio.run(main())
+
+
+def test_keys_are_scope_and_request_id_apart_and_a_conflict_names_only_the_id():
+    from handler.result_cache import ResultKey
+
+    async def main():
+        c = ResultCache(4, 60)
+        a, b = ResultKey("a", "b\x00c"), ResultKey("a\x00b", "c")  # one string "a\x00b\x00c" for both, once
+        assert await c.claim(a, "fp") is None
+        assert await c.claim(b, "other") is None  # its own entry: no conflict, nothing shared
+        c.store(a, ["a"])
+        c.store(b, ["b"])
+        assert await c.claim(a, "fp") == ["a"] and await c.claim(b, "other") == ["b"]
+        assert await c.claim(ResultKey(None, "c"), "fp") is None  # no scope is a scope of its own
+        with pytest.raises(JobError) as info:
+            await c.claim(ResultKey("tenant:secret-salt", "r-1"), "fp") or await c.claim(
+                ResultKey("tenant:secret-salt", "r-1"), "changed")
+        err = info.value.to_dict()
+        assert err["field"] == "request_id" and "'r-1'" in err["message"] and "secret-salt" not in str(err)
+
+    asyncio.run(main())

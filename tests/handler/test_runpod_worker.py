@@ -65,7 +65,8 @@ FIELDS = {"invalid-param": "sampling_params.foo", "invalid-value": "sampling_par
 
 WORKER_ENV = {"MAX_MODEL_LEN": "512", "NUM_KV_BLOCKS": "256", "DEFAULT_MAX_TOKENS": "16", "JOB_KV_TOKENS": "64",
               "MAX_CONCURRENCY": "40", "DEFAULT_BATCH_SIZE": "8", "LOAD_PROGRESS_INTERVAL_S": "1",
-              "METRICS_LOG_INTERVAL_S": "0"}
+              "METRICS_LOG_INTERVAL_S": "0",
+              "DRAIN_TIMEOUT_S": "60"}  # "long", in flight at SIGTERM, must finish (the deadline: test_drain.py)
 OOM_AT_STEP_5 = {"FAULT_INJECTION": json.dumps({"oom_at_step": 5, "oom_request_id": "oom"})}
 
 
@@ -188,3 +189,29 @@ def test_a_dead_engine_fails_the_jobs_and_the_worker_asks_to_be_replaced(fake, t
         err = json.loads(job.error)
         assert err["code"] == "engine_dead" and err["retryable"] is True
     assert fake.violations == []
+
+
+def test_after_engine_dead_the_jobs_a_take_in_flight_returns_still_end_coded(tiny_llama_dir):
+    """The SDK stops the worker after the engine_dead job (refresh_worker) while a job take is held
+    open for the free slots: the jobs that take returns get a retryable failure, none is lost."""
+    with FakeControlPlane(hold_s=20.0) as fake:  # a take stays open until a job comes
+        fake.submit({"prompt": "Hi", "stream": True, "sampling_params": LONG}, "a")
+        env = {**fake.worker_env(), **WORKER_ENV, "MAX_CONCURRENCY": "8", "MODEL_NAME": tiny_llama_dir}
+        proc = WorkerProcess(env, dead_at_step=4)
+        try:
+            fake.wait_for(lambda: fake.jobs["a"].status == "FAILED", 90, "a failed engine_dead")
+            time.sleep(0.5)  # the SDK has stopped the worker after a's result by now
+            fake.wait_for(lambda: fake.takes_held >= 1, 10, "a job take still held open")
+            late = [fake.submit({"prompt": "after the engine died"}, f"late-{i}") for i in range(2)]
+            rc = proc.wait(90)
+        finally:
+            proc.stop()
+    assert rc == 1, proc.output[-3000:]
+    assert fake.violations == []
+    assert json.loads(fake.jobs["a"].error)["code"] == "engine_dead"
+    for jid in late:
+        job = fake.jobs[jid]
+        assert job.worker == "worker-1" and job.status == "FAILED", job.status_view()  # taken, then failed coded
+        err = json.loads(job.error)
+        assert err["code"] in ("engine_dead", "worker_shutdown") and err["retryable"] is True, err
+        assert job.stop_pod is True, jid

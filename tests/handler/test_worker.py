@@ -308,7 +308,7 @@ def test_concurrency_follows_the_free_kv_blocks(loop, make_worker):
     assert w.concurrency_modifier(1) == 3
 
     class Busy:  # the engine short of blocks while jobs run: drop, so the SDK takes no more
-        max_model_len, kv_capacity_tokens, max_request_tokens = 256, 1024, 256
+        max_model_len, kv_capacity_tokens, max_request_tokens, request_kv_tokens = 256, 1024, 256, 256
 
         def stats(self):
             return {"kv_blocks_free": 4, "kv_blocks_total": 64, "kv_block_size": 16, "num_waiting": 2,

@@ -88,3 +88,12 @@ def log_problems(output: str) -> list[str]:
     bad = ("] unexpected error", "Uncaught exception", "Error handling job", "Failed to return job results",
            "Error while returning job result", "Task failed during shutdown drain", "Failed to get job")
     return [line for line in output.splitlines() if any(b in line for b in bad)]
+
+
+def assert_clean_exit(fake, proc, rc) -> str:
+    """The worker process exited 0, the fake control plane saw no protocol violation and the log
+    has no problem line; returns the log."""
+    out = proc.output
+    assert rc == 0, out[-3000:]
+    assert fake.violations == [] and not log_problems(out), (fake.violations, log_problems(out))
+    return out

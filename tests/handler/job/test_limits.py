@@ -1,5 +1,6 @@
-"""Input limits (MAX_INPUT_CHARS, MAX_MESSAGES, MAX_OUTPUT_TOKENS): at the limit a job runs, one
-past it fails invalid_input naming the field, the limit and its setting, before the engine sees it."""
+"""Input limits (MAX_INPUT_CHARS, MAX_MESSAGES, MAX_OUTPUT_TOKENS, MAX_STOP_STRINGS, MAX_STOP_CHARS,
+MAX_STOP_TOKEN_IDS): at the limit a job runs, one past it fails invalid_input naming the field, the
+limit and its setting, before the engine sees it."""
 import pytest
 
 from handler.errors import JobError
@@ -7,7 +8,8 @@ from handler.job.schema import parse_job_input
 from handler.settings import load_settings
 from tests.handler.conftest import error_of, run
 
-SMALL = load_settings({"MAX_INPUT_CHARS": "40", "MAX_MESSAGES": "3", "MAX_OUTPUT_TOKENS": "100"})
+SMALL = load_settings({"MAX_INPUT_CHARS": "40", "MAX_MESSAGES": "3", "MAX_OUTPUT_TOKENS": "100",
+                       "MAX_STOP_STRINGS": "3", "MAX_STOP_CHARS": "12", "MAX_STOP_TOKEN_IDS": "4"})
 
 
 def msgs(n: int, content: str = "hi") -> list[dict]:
@@ -57,6 +59,32 @@ CASES = {
     "summarize max_tokens": ({"summarize": {"text": "doc", "max_tokens": 100}},
                              {"summarize": {"text": "doc", "max_tokens": 101}}, "summarize.max_tokens",
                              "MAX_OUTPUT_TOKENS"),
+    "stop strings": ({"prompt": "Hi", "sampling_params": {"stop": ["a", "b", "c"]}},
+                     {"prompt": "Hi", "sampling_params": {"stop": ["a", "b", "c", "d"]}},
+                     "sampling_params.stop", "MAX_STOP_STRINGS"),
+    "stop characters": ({"prompt": "Hi", "sampling_params": {"stop": ["abcdef", "ghijkl"]}},
+                        {"prompt": "Hi", "sampling_params": {"stop": ["abcdef", "ghijklm"]}},
+                        "sampling_params.stop", "MAX_STOP_CHARS"),
+    "one stop string": ({"prompt": "Hi", "sampling_params": {"stop": "x" * 12}},
+                        {"prompt": "Hi", "sampling_params": {"stop": "x" * 13}}, "sampling_params.stop",
+                        "MAX_STOP_CHARS"),
+    "stop token ids": ({"prompt": "Hi", "sampling_params": {"stop_token_ids": [1, 2, 3, 4]}},
+                       {"prompt": "Hi", "sampling_params": {"stop_token_ids": [1, 2, 3, 4, 5]}},
+                       "sampling_params.stop_token_ids", "MAX_STOP_TOKEN_IDS"),
+    "openai stop": ({"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "stop": ["a", "b", "c"]}},
+                    {"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "stop": list("abcd")}},
+                    "openai_input.stop", "MAX_STOP_STRINGS"),
+    "openai stop characters": (
+        {"openai_route": "/v1/chat/completions", "openai_input": {"messages": msgs(1), "stop": "y" * 12}},
+        {"openai_route": "/v1/chat/completions", "openai_input": {"messages": msgs(1), "stop": "y" * 13}},
+        "openai_input.stop", "MAX_STOP_CHARS"),
+    "openai stop token ids": (
+        {"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "stop_token_ids": [1, 2, 3, 4]}},
+        {"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "stop_token_ids": [1, 2, 3, 4, 5]}},
+        "openai_input.stop_token_ids", "MAX_STOP_TOKEN_IDS"),
+    "summarize stop": ({"summarize": "doc", "sampling_params": {"stop": ["a", "b", "c"]}},
+                       {"summarize": "doc", "sampling_params": {"stop": list("abcd")}},
+                       "sampling_params.stop", "MAX_STOP_STRINGS"),
 }
 
 
@@ -78,6 +106,21 @@ def test_the_defaults_are_caps_too():
     assert refusal({"prompt": "x" * (s.max_input_chars + 1)}, s)["field"] == "prompt"
     assert refusal({"messages": msgs(s.max_messages + 1)}, s)["setting"] == "MAX_MESSAGES"
     assert refusal({"prompt": "x", "sampling_params": {"max_tokens": s.max_output_tokens + 1}}, s)["limit"] == 32768
+
+
+def test_the_stop_list_caps_default_to_what_real_clients_send():
+    """OpenAI allows 4 stop strings; lists of a few dozen (and a few hundred special-token ids) are
+    common. At the defaults a stop list costs no other job anything (tests/hardening)."""
+    s = load_settings({})
+    assert (s.max_stop_strings, s.max_stop_chars, s.max_stop_token_ids) == (256, 16384, 1024)
+    stops = [f"{i:064d}" for i in range(256)]  # 16,384 characters
+    parse_job_input({"prompt": "x", "sampling_params": {"stop": stops, "stop_token_ids": list(range(1024))}}, s)
+    assert refusal({"prompt": "x", "sampling_params": {"stop": stops + ["z"]}}, s)["setting"] == "MAX_STOP_STRINGS"
+    assert refusal({"prompt": "x", "sampling_params": {"stop": stops[:-1] + ["z" * 65]}}, s)["limit"] == 16384
+    assert refusal({"prompt": "x", "sampling_params": {"stop_token_ids": list(range(1025))}}, s)["limit"] == 1024
+    # a million ids is refused by its count, not after a walk over every id
+    assert refusal({"prompt": "x", "sampling_params": {"stop_token_ids": list(range(10**6))}}, s)["field"] == (
+        "sampling_params.stop_token_ids")
 
 
 def test_a_job_over_a_limit_fails_before_the_engine_runs(loop, make_worker):

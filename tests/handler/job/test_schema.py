@@ -60,8 +60,8 @@ def test_our_keys():
     spec = parse_job_input({"summarize": "A long text.", "on_truncation": "error", "request_id": "r-1",
                             "priority": -2, "timeout_s": 3, "cache_salt": "tenant-a"}, S)
     assert spec.route == "summarize" and spec.summarize.text == "A long text."
-    assert (spec.on_truncation, spec.idempotency_key, spec.priority, spec.timeout_s, spec.cache_salt) == (
-        "error", "r-1", -2, 3.0, "tenant-a")
+    assert (spec.on_truncation, spec.idempotency_key, spec.priority, spec.timeout_s) == ("error", "r-1", -2, 3.0)
+    assert spec.cache_salt.startswith("salt:") and "tenant-a" not in spec.cache_salt  # hashed, in its own namespace
 
 
 def test_fingerprint_ignores_request_id_only():

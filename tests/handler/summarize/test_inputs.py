@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import os
 
 import pytest
 
@@ -89,3 +90,47 @@ def test_korean_and_japanese_survive_token_chunking(tiny_llama_dir):
         assert start >= 0, f"a chunk is not a piece of the text: {chunk[:40]!r}"
         covered[start:start + len(chunk)] = [True] * len(chunk)
     assert all(covered[:-1])  # nothing lost between chunks (the last newline may be trimmed)
+
+
+def test_links_out_of_a_folder_are_not_followed_unless_asked(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret.txt").write_text("SECRET elsewhere", encoding="utf-8")
+    (outside / "dir" / "more.txt").write_text("MORE elsewhere", encoding="utf-8")
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "a.txt").write_text("a document", encoding="utf-8")
+    (docs / "secret.txt").symlink_to(outside / "secret.txt")
+    (docs / "dir").symlink_to(outside / "dir")
+    (docs / "sub" / "up.txt").symlink_to("../../outside/secret.txt")  # relative, through ..
+    (docs / "same.txt").symlink_to(docs / "a.txt")  # a link that stays inside: read
+    (docs / "loop").symlink_to(docs)  # a link back up: never read twice, never endless
+    found = {os.path.relpath(d.doc, docs): d for d in collect([str(docs)])}
+    assert found["a.txt"].text == "a document" and found["same.txt"].text == "a document"
+    for name in ("secret.txt", "dir", os.path.join("sub", "up.txt")):
+        d = found[name]
+        assert d.text is None and d.error["code"] == "link_outside_folder" and "--follow-links" in d.error["message"]
+    assert set(found) == {"a.txt", "same.txt", "secret.txt", "dir", os.path.join("sub", "up.txt")}
+    assert "elsewhere" not in repr(list(found.values()))
+
+    followed = {os.path.relpath(d.doc, docs): d for d in collect([str(docs)], follow_links=True)}
+    assert followed["secret.txt"].text == "SECRET elsewhere" and followed[os.path.join("sub", "up.txt")].text
+    assert followed[os.path.join("dir", "more.txt")].text == "MORE elsewhere"
+    assert not any(name.startswith("loop") for name in followed) and all(d.error is None for d in followed.values())
+    # a link given as the INPUT itself is the user's own choice: read
+    assert collect([str(docs / "secret.txt")])[0].text == "SECRET elsewhere"
+
+
+def test_the_cli_passes_follow_links(monkeypatch, tmp_path):
+    from handler.summarize import cli, inputs
+
+    seen = []
+
+    def spy(paths, exclude=(), follow_links=False):
+        seen.append(follow_links)
+        return []
+
+    monkeypatch.setattr(inputs, "collect", spy)
+    for flag, expected in (([], False), (["--follow-links"], True)):
+        assert cli.main([str(tmp_path), "--out", str(tmp_path / "r.jsonl"), *flag]) == 2  # no documents
+        assert seen[-1] is expected

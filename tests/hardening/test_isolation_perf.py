@@ -1,0 +1,233 @@
+"""No job can slow the others (issue 21, items 4 and 5), measured in one in-process worker on the
+tiny model: a job with the largest stop list the settings allow must not raise another job's time
+per output token (TPOT) by 1.5x over that job alone, and inputs at the size caps (a 1M-character
+prompt, 1M token ids, 1M stop token ids) must not stall the event loop (an asyncio heartbeat's
+longest gap stays under 0.5 s while they are refused). Ratios are taken in the same run, with
+the runs interleaved and repeated, so a loaded machine slows both sides alike."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+
+import pytest
+
+from handler.local import run_job
+from handler.worker import Worker
+from tests.hardening.conftest import size
+from tests.handler.conftest import settings_for
+from tests.models import TOKENIZER_TEXT
+
+TPOT_RATIO_LIMIT = 1.5
+STALL_LIMIT_S = 0.5
+ROUNDS = size(5, 12)
+VICTIM_TOKENS = 48
+BIG = 1_000_000
+ENV = {"MAX_MODEL_LEN": "512", "NUM_KV_BLOCKS": "128", "DEFAULT_MAX_TOKENS": "64", "DEFAULT_BATCH_SIZE": "8"}
+VICTIM = {"prompt": "Meeting notes: the team discussed the budget", "stream": True, "max_batch_size": 1,
+          "sampling_params": {"max_tokens": VICTIM_TOKENS, "temperature": 0, "ignore_eos": True}}
+
+
+@pytest.fixture
+def worker(tiny_llama_dir):
+    """A worker on its own event loop (the SDK's), loaded and warm."""
+    loop = asyncio.new_event_loop()
+    w = Worker(settings_for(tiny_llama_dir, **ENV))
+    result = loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {
+        "prompt": "warm up", "sampling_params": {"max_tokens": 8, "temperature": 0, "ignore_eos": True}}}))
+    assert result["status"] == "COMPLETED", result
+    yield w, loop
+    loop.run_until_complete(w.aclose())
+    loop.close()
+
+
+def largest_stop_list(settings) -> list[str]:
+    """As many stop strings, of as many characters, as the settings allow (without caps, as the
+    issue found: half a million): pieces of the text the model was trained on, so its output
+    keeps matching their beginnings, each ending in a ☃ it never writes (none ever stops it)."""
+    count = getattr(settings, "max_stop_strings", 500_000)
+    chars = getattr(settings, "max_stop_chars", count * 8)
+    length = max(2, chars // count)
+    corpus = " ".join(TOKENIZER_TEXT) * (1 + length // 100)
+    stops = [(corpus[i % 40:] + corpus)[: length - 1 - len(str(i))] + f"{i}☃" for i in range(count)]
+    assert sum(map(len, stops)) <= chars and len(set(stops)) == count
+    return stops
+
+
+async def victim_tpot(w: Worker, tag: str) -> float:
+    """The victim's time per output token: the median gap between its streamed items (one a token),
+    so a moment the machine gave to another process does not count, a slower step every time does."""
+    stamps = []
+    async for item in w.handle({"id": f"victim-{tag}", "input": VICTIM}):
+        assert not item.get("error"), item
+        stamps.append(time.perf_counter())
+    assert item["usage"]["completion_tokens"] == VICTIM_TOKENS and len(stamps) > VICTIM_TOKENS // 2, item
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+async def victim_beside(w: Worker, attacker: dict | None, tag: str) -> float:
+    """The victim's TPOT, alone or while `attacker` runs (it has produced tokens before the victim starts)."""
+    task, started = None, w.engine.stats()["num_steps"]
+    if attacker is not None:
+        task = asyncio.ensure_future(run_job(w.handle, {"id": f"attacker-{tag}", "input": attacker}))
+        for _ in range(3000):
+            stats = w.engine.stats()
+            if stats["num_running"] == 1 and stats["num_steps"] > started + 3:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError(f"the attacker never ran: {task}")
+    try:
+        return await victim_tpot(w, tag)
+    finally:
+        if task is not None:
+            assert not task.done(), task.result()  # it ran beside the victim all along
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def tpot_ratios(w: Worker, loop, attacker: dict, benign: dict, tag: str) -> tuple[float, float, list]:
+    """(victim TPOT beside the attacker / alone, beside a plain job / alone, the samples): medians
+    of ROUNDS rounds, each running the three in a new order, so a slow spell of the machine hits
+    all three alike."""
+    runs: dict[str, list[float]] = {"alone": [], "plain": [], "attacker": []}
+    beside = {"alone": None, "plain": benign, "attacker": attacker}
+    for r in range(ROUNDS):
+        order = list(runs)[r % 3:] + list(runs)[: r % 3]
+        for name in order:
+            runs[name].append(loop.run_until_complete(victim_beside(w, beside[name], f"{tag}{r}{name}")))
+    alone = statistics.median(runs["alone"])
+    return statistics.median(runs["attacker"]) / alone, statistics.median(runs["plain"]) / alone, runs
+
+
+@pytest.mark.slow
+def test_a_huge_allowed_stop_list_does_not_slow_other_jobs(worker, figures):
+    w, loop = worker
+    stops = largest_stop_list(w.settings)
+    attacker = {"prompt": "Action items: Alice sends the report", "sampling_params": {
+        "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stop": stops}}
+    benign = {**attacker, "sampling_params": {**attacker["sampling_params"], "stop": None}}
+    tries = []
+    for attempt in range(3):  # a loaded machine may spoil one measurement, never three in a row
+        ratio, plain, runs = tpot_ratios(w, loop, attacker, benign, f"{attempt}-")
+        tries.append((round(ratio, 2), round(plain, 2)))
+        if ratio < TPOT_RATIO_LIMIT:
+            break
+    figures.set("isolation", stop_strings=len(stops), stop_chars=sum(map(len, stops)),
+                victim_tpot_alone_ms=round(statistics.median(runs["alone"]) * 1000, 2),
+                victim_tpot_ratio_beside_plain_job=round(plain, 2), victim_tpot_ratio_beside_stop_list=round(ratio, 2),
+                tpot_attempts=len(tries))
+    assert ratio < TPOT_RATIO_LIMIT, (tries, runs)
+    stats = w.engine.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == 0, stats
+
+
+async def heartbeat_gap(w: Worker, job_input: dict, tag: str) -> tuple[float, dict]:
+    """(longest gap between beats of a 5 ms asyncio heartbeat, the job's result) while the job runs."""
+    gaps: list[float] = []
+
+    async def beat():
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    hb = asyncio.ensure_future(beat())
+    await asyncio.sleep(0.05)
+    try:
+        result = await run_job(w.handle, {"id": f"big-{tag}", "input": job_input})
+        await asyncio.sleep(0.05)
+    finally:
+        hb.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await hb
+    return max(gaps), result
+
+
+BIG_INPUTS = {  # (job input, the code it must fail with)
+    "1M-character prompt": ({"prompt": ("The quick brown fox jumps over the lazy dog. " * (BIG // 45 + 1))[:BIG]},
+                            "prompt_too_long"),
+    "1M token ids": ({"prompt": [5] * BIG}, "prompt_too_long"),
+    "1M stop token ids": ({"prompt": "Hi", "sampling_params": {"stop_token_ids": list(range(BIG))}},
+                          "invalid_input"),
+    "1M messages": ({"messages": [{"role": "user", "content": "Hi"}] * BIG}, "invalid_input"),
+    # a document of 1M characters is tokenized in a thread; its deadline ends it meanwhile
+    "1M-character summarize": ({"summarize": ("Meeting notes: the budget. " * (BIG // 27 + 1))[:BIG],
+                                "timeout_s": 0.3}, "timeout"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", BIG_INPUTS)
+def test_big_inputs_do_not_stall_the_event_loop(worker, figures, case):
+    w, loop = worker
+    job_input, code = BIG_INPUTS[case]
+    gaps = []
+    for r in range(3):  # the best of three: a loaded machine may steal one, never all three
+        gap, result = loop.run_until_complete(heartbeat_gap(w, job_input, f"{r}"))
+        assert result["status"] == "FAILED" and json.loads(result["error"])["code"] == code, result
+        gaps.append(gap)
+        if gap < STALL_LIMIT_S:
+            break
+    figures.set("isolation", **{f"loop_stall_s[{case}]": round(min(gaps), 3)})
+    assert min(gaps) < STALL_LIMIT_S, gaps
+
+
+def test_prompts_processed_off_the_loop_end_as_on_it(worker, monkeypatch):
+    """Every prompt through the thread (OFF_LOOP_SIZE 0) gives the same text, and the same coded
+    failures naming the same fields, as through the event loop."""
+    import handler.execution as execution
+
+    w, loop = worker
+    greedy = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    jobs = [
+        {"prompt": "The quick brown fox", "sampling_params": greedy},
+        {"messages": [{"role": "user", "content": "What is the capital of France?"}], "sampling_params": greedy},
+        {"prompt": [5, 6, 7, 8], "stream": True, "sampling_params": greedy},
+        {"openai_route": "/v1/completions", "openai_input": {"prompt": "Meeting notes", **greedy}},
+        {"prompt": [5, 10**6]},  # outside the vocabulary
+        {"openai_route": "/v1/completions", "openai_input": {"prompt": [5, 10**6]}},
+        {"prompt": "fox " * 600},  # too long
+        {"summarize": "The team discussed the budget. " * 4, "sampling_params": greedy},
+    ]
+
+    def ends(salt: str) -> list:
+        """Each job's end: its output without timings and ids, or its error."""
+        out = []
+        for i, job in enumerate(jobs):
+            r = loop.run_until_complete(run_job(w.handle, {"id": f"j{i}", "input": {**job, "cache_salt": salt}}))
+            if r["status"] == "FAILED":
+                err = json.loads(r["error"])
+                out.append((err["code"], err.get("field"), err["message"]))
+            else:
+                out.append(json.dumps([{k: v for k, v in item.items() if k not in ("timings", "id", "created")}
+                                       if isinstance(item, dict) else item for item in r["output"]], sort_keys=True))
+        return out
+
+    on_loop = ends("on the loop")  # a salt per pass: no prefix-cache hits from the other one
+    monkeypatch.setattr(execution, "OFF_LOOP_SIZE", 0)
+    calls = []
+    real = execution.JobRequests._process
+    monkeypatch.setattr(execution.JobRequests, "_process", lambda self, *a: calls.append(self.ctx.id) or real(self, *a))
+    off_loop = ends("off the loop")
+    assert set(calls) == {f"j{i}" for i in range(len(jobs))}, calls  # every prompt went through the thread
+    assert [e[:2] if isinstance(e, tuple) else "ok" for e in on_loop] == [
+        "ok", "ok", "ok", "ok", ("invalid_input", "prompt"), ("invalid_input", "openai_input.prompt"),
+        ("prompt_too_long", None), "ok"]
+    assert off_loop == on_loop
+
+
+def test_a_prompt_being_tokenized_off_the_loop_keeps_its_deadline(worker):
+    """timeout_s counts while a big prompt waits for (or runs in) its thread: the job fails timeout
+    at its deadline, not when tokenizing ends."""
+    w, loop = worker
+    job_input = {**BIG_INPUTS["1M-character prompt"][0], "timeout_s": 0.05}
+    t0 = time.monotonic()
+    result = loop.run_until_complete(run_job(w.handle, {"id": "late", "input": job_input}))
+    assert result["status"] == "FAILED" and json.loads(result["error"])["code"] == "timeout", result
+    assert time.monotonic() - t0 < 0.5
