@@ -152,3 +152,15 @@ def test_mixed_sliding_and_full_layers_release_nothing(tiny_gemma3_dir):
     llm.generate([{"prompt_token_ids": random_prompts(5, 400, lengths=[200])[0]}],
                  SamplingParams(max_tokens=4, temperature=0))
     assert llm.engine.scheduler.window is None and llm.stats()["kv_blocks_released_by_window"] == 0
+
+
+def test_released_blocks_are_never_read_by_the_triton_kernels(tiny_mistral_sw_dir, monkeypatch):
+    """The Triton attention kernels (interpreted) with RELEASED (-1) block table entries below
+    the window: they are masked before the table is read, the tokens equal HF's."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    prompts = random_prompts(43, 400, lengths=[120, 40])
+    llm = LLM(tiny_mistral_sw_dir, block_size=8, num_kv_blocks=12, max_num_batched_tokens=32)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=6, temperature=0))
+    assert llm.stats()["kv_blocks_released_by_window"] > 0
+    for p, o in zip(prompts, outs):
+        assert o.outputs[0].token_ids == models.hf_greedy(tiny_mistral_sw_dir, p, 6), f"prompt of {len(p)}"
