@@ -39,8 +39,19 @@ LLAMA3_70B = dict(arch="llama", vocab_size=128256, hidden_size=8192, intermediat
 GROUP = 128
 
 
-def model_dir(shapes: dict, awq_group: int | None) -> str:
-    """A checkpoint folder with config and tokenizer only (weights come from load_format=dummy)."""
+# E1's weight formats: an AWQ group size, "fp8" (llm-compressor's FP8_DYNAMIC: e4m3 weights per
+# channel, dynamic per-token activations, through torch._scaled_mm) or None (bf16)
+WEIGHTS = {"awq": GROUP, "fp8": "fp8", "bf16": None}
+FP8_DYNAMIC = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+               "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                   "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
+                   "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                         "dynamic": True}}}}
+
+
+def model_dir(shapes: dict, awq_group: int | str | None) -> str:
+    """A checkpoint folder with config and tokenizer only (weights come from load_format=dummy);
+    awq_group: an AWQ group size, "fp8" or None (see WEIGHTS)."""
     from transformers import LlamaConfig, Qwen2Config
 
     from tests.models import make_tokenizer
@@ -54,7 +65,9 @@ def model_dir(shapes: dict, awq_group: int | None) -> str:
     else:
         cfg = Qwen2Config(**kw) if shapes["arch"] == "qwen2" else LlamaConfig(**kw)
         cfg.architectures = ["Qwen2ForCausalLM" if shapes["arch"] == "qwen2" else "LlamaForCausalLM"]
-    if awq_group:
+    if awq_group == "fp8":
+        cfg.quantization_config = FP8_DYNAMIC
+    elif awq_group:
         cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": awq_group, "zero_point": True,
                                    "version": "gemm"}
     cfg.save_pretrained(path)
@@ -68,15 +81,21 @@ def linear_params(shapes: dict) -> int:
     return layers * (h * (h + 2 * kv) + h * h + 3 * h * i)
 
 
-def weight_bytes(shapes: dict, awq_group: int) -> float:
-    """Bytes one decode step reads: int4 linears with fp16 scales and int4 zeros, bf16 lm_head."""
+def weight_bytes(shapes: dict, awq_group: int | str | None) -> float:
+    """Bytes one decode step reads: int4 linears with fp16 scales and int4 zeros (FP8: one byte
+    a weight; None: bf16), bf16 lm_head."""
     linear = linear_params(shapes)
-    return linear / 2 + linear / awq_group * (2 + 0.5) + shapes["vocab_size"] * shapes["hidden_size"] * 2
+    head = shapes["vocab_size"] * shapes["hidden_size"] * 2
+    if awq_group == "fp8":
+        return linear + head
+    if awq_group is None:
+        return 2 * linear + head
+    return linear / 2 + linear / awq_group * (2 + 0.5) + head
 
 
-def kv_bytes_per_token(shapes: dict) -> int:
+def kv_bytes_per_token(shapes: dict, element_bytes: int = 2) -> int:
     hd = shapes.get("head_dim") or shapes["hidden_size"] // shapes["num_attention_heads"]
-    return shapes["num_hidden_layers"] * shapes["num_key_value_heads"] * hd * 2 * 2
+    return shapes["num_hidden_layers"] * shapes["num_key_value_heads"] * hd * 2 * element_bytes
 
 
 def pct(xs, q):
@@ -244,14 +263,14 @@ def step_profile(llm_engine, concurrency: int, prompt_len: int, vocab: int, step
 
 
 def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_len, bw, peak, peers, eager=False,
-                        profile=True):
+                        profile=True, kv_cache_dtype="auto", weights=GROUP):
     from engine import AsyncLLMEngine, EngineConfig
 
-    path = model_dir(shapes, GROUP)
+    path = model_dir(shapes, weights)
     t0 = time.perf_counter()
     engine = AsyncLLMEngine.from_config(EngineConfig(
         model=path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(concurrencies),
-        gpu_memory_utilization=0.9, enforce_eager=eager))
+        gpu_memory_utilization=0.9, enforce_eager=eager, kv_cache_dtype=kv_cache_dtype))
     load_s = time.perf_counter() - t0
     st = engine.stats()
     mem = engine.engine.memory
@@ -262,11 +281,12 @@ def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_
         torch.cuda.reset_peak_memory_stats()
         res = asyncio.run(closed_loop(engine, c, per_client, prompt_len, out_len, shapes["vocab_size"]))
         n = c * per_client
-        floor = floor_seconds(shapes, GROUP, n, c, prompt_len, out_len, bw, peak)
+        floor = floor_seconds(shapes, weights, n, c, prompt_len, out_len, bw, peak)
         free, total = torch.cuda.mem_get_info()
         res.update(concurrency=c, requests=n, floor_s=floor, peak_gpu_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
                    gpu_memory_fraction=(total - free) / total, kv_blocks_total=st["kv_blocks_total"],
-                   ratio_to_floor=floor / res["wall_s"], peer_tok_s=peers.get(c), eager=eager, load_s=load_s)
+                   ratio_to_floor=floor / res["wall_s"], peer_tok_s=peers.get(c), eager=eager, load_s=load_s,
+                   kv_cache_dtype=kv_cache_dtype)
         if profile:
             res["step_profile"] = step_profile(engine.engine, c, prompt_len, shapes["vocab_size"])
         print(wid, json.dumps(res), flush=True)
@@ -280,14 +300,15 @@ def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_
     return rows
 
 
-def e3_rows(shapes=QWEN25_7B, budget_bytes=20e9, seq_len=768, reserve_len=4096, block_size=16):
+def e3_rows(shapes=QWEN25_7B, budget_bytes=20e9, seq_len=768, reserve_len=4096, block_size=16, element_bytes=2):
     """Sequences of seq_len tokens that fit budget_bytes of KV: our block manager
-    (allocated until it refuses) against reserving reserve_len tokens each."""
+    (allocated until it refuses) against reserving reserve_len tokens each (of a 16-bit
+    cache: an FP8 cache, element_bytes=1, holds twice the tokens in the same bytes)."""
     from engine.block_manager import BlockManager
     from engine.sampling_params import SamplingParams
     from engine.sequence import Sequence
 
-    per_token = kv_bytes_per_token(shapes)
+    per_token = kv_bytes_per_token(shapes, element_bytes)
     blocks = int(budget_bytes // (per_token * block_size))
     bm = BlockManager(blocks, block_size, enable_prefix_caching=False)
     rng = random.Random(3)
@@ -300,8 +321,9 @@ def e3_rows(shapes=QWEN25_7B, budget_bytes=20e9, seq_len=768, reserve_len=4096, 
         seqs.append(seq)
     used_tokens = sum(len(s.block_table) * block_size for s in seqs)
     waste_blocks = (used_tokens - seq_len * len(seqs)) / block_size / max(1, len(seqs))
-    reserved = int(budget_bytes // (per_token * reserve_len))
-    return {"id": "E3", "case": f"{seq_len}-token sequences in {budget_bytes / 1e9:.0f} GB KV (Qwen2.5-7B)",
+    reserved = int(budget_bytes // (kv_bytes_per_token(shapes) * reserve_len))
+    kv = "" if element_bytes == 2 else " fp8"
+    return {"id": "E3", "case": f"{seq_len}-token sequences in {budget_bytes / 1e9:.0f} GB{kv} KV (Qwen2.5-7B)",
             "ratio_to_floor": None, "target_floor": None,
             "ratio_to_peer": round(len(seqs) / reserved, 2), "target_peer": 5.0,
             "paged_sequences": len(seqs), "reserved_sequences": reserved,
@@ -332,6 +354,36 @@ def save(path, bw, peak, table):
         json.dump({"copy_bw": bw, "bf16_peak": peak, "rows": table}, f, indent=2)
 
 
+def e1_rows(args, bw, peak, table, raw):
+    """E1's runs (the HF peer first, then AWQ and each other weight format, FP8 KV, eager) into table."""
+    peers = {}
+    for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
+        peers[c] = None if args.skip_peer else hf_peer(QWEN25_7B, c, args.prompt_len, args.output_len)
+        print(f"peer c={c}: {peers[c]} tok/s", flush=True)
+    raw["E1"] = run_engine_workload("E1", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len,
+                                    args.output_len, bw, peak, peers)
+    for w in [w for w in args.e1_weights if w != "awq"]:
+        raw[f"E1-{w}"] = run_engine_workload(f"E1-{w}", QWEN25_7B, args.concurrency, args.requests_per_client,
+                                             args.prompt_len, args.output_len, bw, peak, peers, weights=WEIGHTS[w])
+    if args.fp8_kv_too:
+        raw["E1-fp8kv"] = run_engine_workload("E1-fp8kv", QWEN25_7B, args.concurrency, args.requests_per_client,
+                                              args.prompt_len, args.output_len, bw, peak, peers,
+                                              kv_cache_dtype="fp8")
+    if args.eager_too:
+        raw["E1-eager"] = run_engine_workload("E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client,
+                                              args.prompt_len, args.output_len, bw, peak, peers, eager=True,
+                                              profile=False)
+    for key in [k for k in ("E1", "E1-fp8", "E1-bf16", "E1-fp8kv", "E1-eager") if k in raw]:
+        fmt = {"E1-fp8": "FP8", "E1-bf16": "bf16"}.get(key, "AWQ")
+        for r in raw[key]:
+            table.append({"id": "E1", "case": f"Qwen2.5-7B-{fmt} c={r['concurrency']} n={r['requests']}"
+                          + (" eager" if r["eager"] else "") + (" fp8 KV" if key == "E1-fp8kv" else ""),
+                          "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.65,
+                          "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
+                          "target_peer": 11 if r["concurrency"] == 50 else 25,
+                          **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=["E1", "E2", "E3"])
@@ -343,35 +395,23 @@ def main():
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
+    ap.add_argument("--fp8-kv-too", action="store_true", help="also run E1 with kv_cache_dtype=fp8")
+    ap.add_argument("--e1-weights", nargs="+", default=["awq"], choices=list(WEIGHTS),
+                    help="E1's weight formats, each its own run (awq always runs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))
     args = ap.parse_args()
     table, raw = [], {}
     if "E3" in args.workloads:
         table.append(e3_rows())
-        print(json.dumps(table[-1]), flush=True)
+        table.append(e3_rows(element_bytes=1))  # the FP8 cache, against the same 16-bit reservation
+        table[-1]["target_peer"] = 10.0  # twice the 16-bit paged target
+        print(json.dumps(table[-2]), json.dumps(table[-1]), flush=True)
     bw = peak = None
     if {"E1", "E2", "E4"} & set(args.workloads):
         bw, peak = measure_ceilings()
         print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s", flush=True)
     if "E1" in args.workloads:
-        peers = {}
-        for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
-            peers[c] = None if args.skip_peer else hf_peer(QWEN25_7B, c, args.prompt_len, args.output_len)
-            print(f"peer c={c}: {peers[c]} tok/s", flush=True)
-        raw["E1"] = run_engine_workload("E1", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len,
-                                        args.output_len, bw, peak, peers)
-        if args.eager_too:
-            raw["E1-eager"] = run_engine_workload("E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client,
-                                                  args.prompt_len, args.output_len, bw, peak, peers, eager=True,
-                                                  profile=False)
-        for key in [k for k in ("E1", "E1-eager") if k in raw]:
-            for r in raw[key]:
-                table.append({"id": "E1", "case": f"Qwen2.5-7B-AWQ c={r['concurrency']} n={r['requests']}"
-                              + (" eager" if r["eager"] else ""),
-                              "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.65,
-                              "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
-                              "target_peer": 11 if r["concurrency"] == 50 else 25,
-                              **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
+        e1_rows(args, bw, peak, table, raw)
         save(args.out, bw, peak, table)  # what is done so far survives a later failure
     if "E4" in args.workloads:
         e4_rows(args, bw, peak, table, raw)
@@ -392,7 +432,7 @@ def main():
     for r in table:
         if r["id"] == "E3":
             print(f"E3  {r['case']:40} paged {r['paged_sequences']} vs reserved {r['reserved_sequences']}: "
-                  f"{r['ratio_to_peer']}x (target 5x), waste {r['waste_blocks_per_sequence']:.2f} blocks/seq")
+                  f"{r['ratio_to_peer']}x (target {r['target_peer']:g}x), waste {r['waste_blocks_per_sequence']:.2f} blocks/seq")
             continue
         prof = r.get("step_profile") or {}
         gap = prof.get("host_gap_s")

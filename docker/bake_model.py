@@ -7,8 +7,8 @@ cache layout handler.prepare.default_model searches).
 
     python bake_model.py OUT_DIR            # MODEL_NAME, MODEL_REVISION, QUANTIZATION from the env
 
-The hub token is read from --token-file (the BuildKit secret) or HF_TOKEN and is
-never written anywhere. OUT_DIR appears complete or not at all.
+The hub token is read from --token-file (the BuildKit secret HF_TOKEN, or the older
+hf_token) or HF_TOKEN and is never written anywhere. OUT_DIR appears complete or not at all.
 """
 from __future__ import annotations
 
@@ -25,15 +25,18 @@ from pathlib import Path
 
 log = logging.getLogger("bake_model")
 
-SECRET_FILE = "/run/secrets/hf_token"
+# the BuildKit secret: `HF_TOKEN` as worker-vllm names it, or the older id `hf_token`
+SECRET_FILES = ("/run/secrets/HF_TOKEN", "/run/secrets/hf_token")
 MARKER = "baked.env"
 
 
-def _read_token(token_file: str | None) -> str | None:
-    if token_file and os.path.isfile(token_file):
-        token = Path(token_file).read_text(encoding="utf-8").strip()
-        if token:
-            return token
+def _read_token(token_files: str | list[str] | tuple[str, ...] | None) -> str | None:
+    """The first non-empty token file's content, else HF_TOKEN from the environment."""
+    for token_file in [token_files] if isinstance(token_files, str) else (token_files or ()):
+        if token_file and os.path.isfile(token_file):
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+            if token:
+                return token
     return os.environ.get("HF_TOKEN") or None
 
 
@@ -92,8 +95,11 @@ def bake(out: Path, model: str | None, revision: str | None, quantization: str |
          token: str | None) -> Path:
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"bake_model: {out} exists and is not empty")
-    if quantization not in (None, "awq", "none"):
-        raise SystemExit(f"bake_model: QUANTIZATION={quantization!r}: expected awq, none or unset")
+    from engine.quant.names import QUANTIZATIONS
+
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise SystemExit(f"bake_model: QUANTIZATION={quantization!r}: expected one of {', '.join(QUANTIZATIONS)} "
+                         "or unset")
     if revision and not model:
         raise SystemExit("bake_model: MODEL_REVISION is set but MODEL_NAME is not")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="hub id or local folder (default $MODEL_NAME; unset: the embedded default model)")
     p.add_argument("--revision", default=os.environ.get("MODEL_REVISION") or None)
     p.add_argument("--quantization", default=(os.environ.get("QUANTIZATION") or "").lower() or None)
-    p.add_argument("--token-file", default=SECRET_FILE, help="file holding the hub token (a BuildKit secret)")
+    p.add_argument("--token-file", action="append", default=None,
+                   help="file holding the hub token (a BuildKit secret); repeat it: the first non-empty one wins "
+                        f"(default {' then '.join(SECRET_FILES)})")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    bake(args.out, args.model, args.revision, args.quantization, _read_token(args.token_file))
+    bake(args.out, args.model, args.revision, args.quantization, _read_token(args.token_file or SECRET_FILES))
     return 0
 
 

@@ -7,7 +7,7 @@ handler/settings.py's table. Not part of the image.
     python docker/deployfiles.py materialize STAGE ROOT      # a stage's COPY lines, into ROOT
     python docker/deployfiles.py env STAGE ROOT              # its ENV as `export` lines, paths under ROOT
     python docker/deployfiles.py wheel-check WHEEL SRC_DIR   # every package file made it into the wheel
-    python docker/deployfiles.py hub-env [--write]           # .runpod/hub.json's env list is current
+    python docker/deployfiles.py hub-env [--write]           # .runpod/hub.json's env list (and .runpod/Dockerfile) current
 """
 from __future__ import annotations
 
@@ -294,7 +294,7 @@ PRIMARY = {"MODEL_NAME", "MODEL_REVISION", "QUANTIZATION", "HF_TOKEN", "MAX_MODE
 # Variables the image itself reads besides the worker's settings.
 IMAGE_ENV = (
     {"key": "HF_HUB_OFFLINE", "input": {
-        "name": "HF hub offline", "type": "boolean", "advanced": True,
+        "name": "HF hub offline", "type": "boolean", "advanced": True, "trueValue": "1", "falseValue": "0",
         "description": "Never contact the Hugging Face hub. Unset: on when the model baked into the image is "
                        "served, off otherwise."}},
     {"key": "HF_HOME", "input": {
@@ -320,21 +320,39 @@ _HUB_TYPES = {"str": "string", "json": "string", "int": "number", "float": "numb
               "choice": "string"}
 
 
+# Settings the Hub's form does not offer (testing only); the worker still reads them.
+HUB_HIDDEN = {"FAULT_INJECTION"}
+# The Hub's Hugging Face model picker (the publishing guide's `"type": "huggingface"` input).
+HUB_MODEL_PICKER = {"MODEL_NAME"}
+
+
 def hub_env(settings=None, image_env: dict[str, str] | None = None) -> list[dict]:
-    """One Hub env entry per setting (type, default, options, description), defaults as the image has them."""
+    """One Hub env entry per setting, with the input types of the Hub's publishing guide
+    (https://docs.runpod.io/hub/publishing-guide): string, huggingface (the model picker),
+    string with options, number with min/max, boolean with trueValue/falseValue; defaults as
+    the image has them. HUB_HIDDEN settings are left out."""
     if settings is None:
         sys.path.insert(0, str(REPO))
         from handler.settings import SETTINGS as settings
     image_env = read_dockerfile().env("worker") if image_env is None else image_env
     entries = []
     for s in settings:
-        kind = _HUB_TYPES[s.type]
+        if s.name in HUB_HIDDEN:
+            continue
+        kind = "huggingface" if s.name in HUB_MODEL_PICKER else _HUB_TYPES[s.type]
         if s.type == "choice" and s.choices and isinstance(s.choices[0], int):
             kind = "number"
         spec: dict = {"name": _title(s.name), "type": kind, "description": s.description}
         default = s.parse(image_env[s.name]) if s.name in image_env else s.default
         if default is not None:
             spec["default"] = default
+        if kind == "number" and not s.choices:
+            if s.minimum is not None and not s.exclusive_minimum:  # the form's min is inclusive
+                spec["min"] = int(s.minimum) if s.type == "int" else s.minimum
+            if s.maximum is not None:
+                spec["max"] = int(s.maximum) if s.type == "int" else s.maximum
+        if kind == "boolean":
+            spec["trueValue"], spec["falseValue"] = "true", "false"  # what handler/settings.py parses
         if s.choices:
             unset = [{"label": "unset", "value": ""}] if default is None else []  # empty counts as unset
             spec["options"] = unset + [{"label": str(c), "value": c} for c in s.choices]
@@ -344,12 +362,21 @@ def hub_env(settings=None, image_env: dict[str, str] | None = None) -> list[dict
     return entries + [json.loads(json.dumps(e)) for e in IMAGE_ENV]
 
 
+# The Hub looks for its Dockerfile in .runpod/ (first) or the root, and builds from the
+# repository root: .runpod/Dockerfile is docker/Dockerfile's copy, kept equal by hub-env --write.
+HUB_DOCKERFILE = REPO / ".runpod" / "Dockerfile"
+
+
 def write_hub_env(path: Path = HUB_JSON) -> bool:
-    """Refresh hub.json's config.env; True when it changed."""
+    """Refresh hub.json's config.env and the Hub's copy of the Dockerfile; True when either changed."""
+    changed = False
+    if not HUB_DOCKERFILE.is_file() or HUB_DOCKERFILE.read_bytes() != DOCKERFILE.read_bytes():
+        shutil.copyfile(DOCKERFILE, HUB_DOCKERFILE)
+        changed = True
     hub = json.loads(path.read_text(encoding="utf-8"))
     env = hub_env()
     if hub["config"].get("env") == env:
-        return False
+        return changed
     hub["config"]["env"] = env
     path.write_text(json.dumps(hub, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return True
@@ -393,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             print("hub.json env updated" if write_hub_env() else "hub.json env already current")
         else:
             hub = json.loads(HUB_JSON.read_text(encoding="utf-8"))
-            if hub["config"].get("env") != hub_env():
+            if hub["config"].get("env") != hub_env() or HUB_DOCKERFILE.read_bytes() != DOCKERFILE.read_bytes():
                 print("hub.json env is stale: run python docker/deployfiles.py hub-env --write", file=sys.stderr)
                 return 1
             print("hub.json env is current")

@@ -5,6 +5,10 @@ from dataclasses import dataclass
 
 from engine import faults
 from engine.errors import InvalidInputError
+from engine.quant.names import QUANTIZATIONS
+
+
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(slots=True)
@@ -12,9 +16,14 @@ class EngineConfig:
     model: str
     revision: str | None = None
     tokenizer: str | None = None
+    tokenizer_revision: str | None = None  # None: the model's revision (when tokenizer is None too)
+    chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's own (vLLM's --chat-template)
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
     device: str = "auto"
     quantization: str | None = None  # None: read from the checkpoint; "awq" to insist
+    # the KV cache's element type (vLLM's names): auto (the model's dtype), bfloat16, float16,
+    # float32, or fp8 (= fp8_e4m3) / fp8_e5m2: half the bytes of a 16-bit cache, per-tensor scales
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None
     max_num_seqs: int = 256
@@ -30,6 +39,7 @@ class EngineConfig:
     # special-token text inside chat message contents parsed as control tokens (vLLM's way);
     # False: encoded as plain text, so a message cannot forge a turn
     allow_special_tokens_in_content: bool = False
+    max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
     # Testing only, off by default (engine/faults.py): {"oom_at_step": N, "oom_request_id": "id"}
     # raises torch.OutOfMemoryError in the first step >= N holding that request (and for it alone
     # when retried); nan_* (nan_value "nan" | "inf" | "-inf") poisons its logits row, detokenize_error_*
@@ -54,6 +64,9 @@ class EngineConfig:
             raise InvalidInputError("num_kv_blocks must be >= 1", field="num_kv_blocks")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidInputError("max_model_len must be >= 2", field="max_model_len")
+        if not isinstance(self.max_logprobs, int) or isinstance(self.max_logprobs, bool) or not (
+                0 <= self.max_logprobs <= 1024):
+            raise InvalidInputError("max_logprobs must be an integer in [0, 1024]", field="max_logprobs")
         if self.prefix_cache_ttl_s is not None and not self.prefix_cache_ttl_s > 0:
             raise InvalidInputError("prefix_cache_ttl_s must be > 0", field="prefix_cache_ttl_s")
         tps = self.tensor_parallel_size
@@ -62,8 +75,12 @@ class EngineConfig:
                                     field="tensor_parallel_size")
         if not isinstance(self.enforce_eager, bool):
             raise InvalidInputError("enforce_eager must be true or false", field="enforce_eager")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidInputError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
+                                    f"{', '.join(KV_CACHE_DTYPES)}", field="kv_cache_dtype")
         if self.load_format not in ("auto", "dummy"):
             raise InvalidInputError(f"load_format {self.load_format!r} is not auto or dummy", field="load_format")
-        if self.quantization not in (None, "awq", "none"):
-            raise InvalidInputError(f"quantization {self.quantization!r} is not supported (awq or none)", field="quantization")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise InvalidInputError(f"quantization {self.quantization!r} is not supported ({', '.join(QUANTIZATIONS)})",
+                                    field="quantization")
         faults.validate(self.fault_injection)

@@ -17,16 +17,19 @@ class IncrementalDetokenizer:
 
     CONTEXT = 5  # tokens of left context so leading spaces decode correctly
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # vLLM's switch, passed to the tokenizer's decode only when off (a fast tokenizer ignores it, as in vLLM)
+        self.decode_kwargs = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
         self.ids: list[int] = list(prompt_token_ids[-self.CONTEXT :])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, **self.decode_kwargs)
 
     def add(self, token_id: int) -> str:
         """Add one token; returns the new text (possibly empty)."""
@@ -41,12 +44,15 @@ class IncrementalDetokenizer:
         return ""
 
     def flush(self) -> str:
-        """At the end: whatever is still held back (a broken tail decodes as U+FFFD)."""
+        """At the end: whatever is still held back, less a character whose bytes never all
+        arrived (generation stopped inside it: it would decode as U+FFFD). As in `add`, a
+        trailing U+FFFD counts as incomplete, so one the model spelled out in full as its
+        very last character is dropped too."""
         if self.read_offset >= len(self.ids):
             return ""
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
-        new = full[len(prefix) :] if len(full) > len(prefix) else ""
+        new = full[len(prefix) :].rstrip(REPLACEMENT) if len(full) > len(prefix) else ""
         self.read_offset = len(self.ids)
         self.text += new
         return new
@@ -158,7 +164,8 @@ class Detokenizer:
         self.eos_token_ids = eos_token_ids
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
         self.num_prompt_tokens = len(prompt_token_ids)
-        self.decoder = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens)
+        self.decoder = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens,
+                                              params.spaces_between_special_tokens)
         self.stops = StopChecker(params.stop, params.include_stop_str_in_output)
         self.stop_token_ids = frozenset(params.stop_token_ids)
 

@@ -43,6 +43,19 @@ def sampling_params(values: Mapping[str, Any] | SamplingParams | None) -> Sampli
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})
 
 
+def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word's token ids as vLLM finds them: the word alone, and with a leading space
+    when that spells it with another first token but as many tokens (mid-text)."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out += [plain] if plain else []
+        if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+            out.append(spaced)
+    return out
+
+
 class InputProcessor:
     """One model's prompt rules: its tokenizer and chat template, its vocabulary,
     its context length and the KV cache's capacity. Control-token text (`<|im_start|>`,
@@ -50,8 +63,9 @@ class InputProcessor:
     forge a turn, unless `allow_special_tokens_in_content` (vLLM's behaviour)."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int, *,
-                 allow_special_tokens_in_content: bool = False):
+                 allow_special_tokens_in_content: bool = False, max_logprobs: int = 20):
         self.tokenizer = tokenizer
+        self.max_logprobs = max_logprobs
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -68,20 +82,31 @@ class InputProcessor:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     # -- prompts ------------------------------------------------------------------
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to messages ({role, content} with string values)."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The chat template applied to messages ({role, content} with string values; an assistant
+        message with `tool_calls` may have None content), with the tool definitions (OpenAI's
+        [{type: function, function: {...}}]) and extra template variables (`chat_template_kwargs`,
+        e.g. Qwen3's enable_thinking) as transformers' apply_chat_template takes them."""
         if not isinstance(messages, list) or not messages:
             raise InvalidInputError("messages must be a non-empty list", field="messages")
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            content = m.get("content") if isinstance(m, dict) else None
+            if (not isinstance(m, dict) or not isinstance(m.get("role"), str)
+                    or not (isinstance(content, str) or content is None and m.get("tool_calls"))):
                 raise InvalidInputError(f"messages[{i}] must be an object with string 'role' and 'content'",
                                         field=f"messages[{i}]")
         if not self.has_chat_template:
             raise InvalidInputError("this model's tokenizer has no chat template; send a prompt instead",
                                     field="messages")
+        reserved = {"messages", "tools", "add_generation_prompt", "tokenize", "chat_template", "return_dict"}
+        extra = dict(template_kwargs or {})
+        if reserved & set(extra):
+            raise InvalidInputError(f"chat_template_kwargs may not set {sorted(reserved & set(extra))[0]}",
+                                    field="chat_template_kwargs")
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, **extra)
         except Exception as exc:  # noqa: BLE001 - a template's refusal (e.g. role order) is the input's fault
             raise InvalidInputError(f"the chat template refused these messages: {exc}", field="messages") from None
 
@@ -97,27 +122,33 @@ class InputProcessor:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), self.check_token_ids(prompt["prompt_token_ids"])
         if isinstance(prompt, dict) and "messages" in prompt:
-            return self.encode_chat(prompt["messages"], prompt.get("add_generation_prompt", True))
+            return self.encode_chat(prompt["messages"], prompt.get("add_generation_prompt", True),
+                                    tools=prompt.get("tools"), template_kwargs=prompt.get("chat_template_kwargs"))
         if isinstance(prompt, dict) and "prompt" in prompt:
             return self.encode(prompt["prompt"])
         raise InvalidInputError("prompt must be a string, {'prompt_token_ids': [...]} or {'messages': [...]}",
                                 field="prompt")
 
     # -- chat messages: the template's control tokens only ----------------------------
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, list[int]]:
         """(text, token ids) of chat messages through the template. Control-token text in a
         message's content is encoded as plain text: the content is rendered with each such
         token between markers of a random nonce (unguessable, so content cannot fake one),
         and the rendered text is encoded piece by piece, the marked tokens as plain text."""
-        text = self.render_chat(messages, add_generation_prompt)
+        render = {"tools": tools, "template_kwargs": template_kwargs}
+        text = self.render_chat(messages, add_generation_prompt, **render)
         pattern, _ = self._control_tokens()
+        if not self.allow_special_tokens_in_content and pattern is not None:
+            self._refuse_control_text(pattern, tools, messages)
         if (self.allow_special_tokens_in_content or pattern is None
-                or not any(pattern.search(m["content"]) for m in messages)):
+                or not any(pattern.search(m["content"] or "") for m in messages)):
             return text, self.tokenizer.encode(text, add_special_tokens=False)
         nonce = secrets.token_hex(8)
         start, end = f"\U000f0000{nonce}\U000f0001", f"\U000f0001{nonce}\U000f0000"
-        marked = [{**m, "content": pattern.sub(lambda t: start + t.group() + end, m["content"])} for m in messages]
-        rendered = self.render_chat(marked, add_generation_prompt)
+        marked = [{**m, "content": pattern.sub(lambda t: start + t.group() + end, m["content"])}
+                  if m["content"] else m for m in messages]
+        rendered = self.render_chat(marked, add_generation_prompt, **render)
         s, e = re.escape(start), re.escape(end)
         # [text, marked token, text, ...]; a marker the template split from its token leaves None (dropped,
         # but it still parts the text on its two sides, so they never join into a control token)
@@ -127,6 +158,19 @@ class InputProcessor:
             if piece:
                 ids += self._encode_piece(piece, plain=i % 2 == 1)
         return text, ids
+
+    @staticmethod
+    def _refuse_control_text(pattern: re.Pattern, tools: list | None, messages: list[dict]) -> None:
+        """Control-token text in tool definitions or in an assistant message's tool calls is
+        refused (only contents are encoded as plain text): it could forge a turn."""
+        import json
+
+        if tools and pattern.search(json.dumps(tools, ensure_ascii=False)):
+            raise InvalidInputError("tools: a tool definition holds a control token's text", field="tools")
+        for i, m in enumerate(messages):
+            if m.get("tool_calls") and pattern.search(json.dumps(m["tool_calls"], ensure_ascii=False)):
+                raise InvalidInputError(f"messages[{i}].tool_calls: holds a control token's text",
+                                        field=f"messages[{i}].tool_calls")
 
     def _control_tokens(self) -> tuple[re.Pattern | None, frozenset[int]]:
         """A pattern of the tokenizer's control tokens (its special tokens, and the added tokens its
@@ -176,13 +220,31 @@ class InputProcessor:
         return list(ids)
 
     # -- the request ---------------------------------------------------------------
+    def check_params(self, params: SamplingParams) -> SamplingParams:
+        """The model's limits on a request's values: logprobs within max_logprobs, token ids of
+        logit_bias and allowed_token_ids in the vocabulary; bad_words tokenized (vLLM's way)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise InvalidInputError(f"{name} must be at most {self.max_logprobs} (MAX_LOGPROBS)", field=name)
+        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise InvalidInputError(f"{name}: token ids outside the vocabulary (size {self.vocab_size}): "
+                                        f"{bad[:3]}", field=name)
+        if params.bad_words and params.bad_words_token_ids is None:
+            params = dataclasses.replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer,
+                                                                                         params.bad_words))
+        return params
+
+
     def process(self, prompt, params: Mapping[str, Any] | SamplingParams | None = None, *,
                 default_max_tokens: int | None = None) -> EngineRequest:
         """The request as the engine runs it. A missing max_tokens means what fits the
         context and the KV cache, capped at default_max_tokens when given (never vLLM's 16).
         Raises InvalidInputError (naming the field), PromptTooLongError or KVCapacityError."""
         text, ids = self.encode(prompt)
-        params = sampling_params(params)
+        params = self.check_params(sampling_params(params))
         n = len(ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len)

@@ -16,7 +16,9 @@ from engine.faults import FaultInjector
 from engine.input_processor import EngineRequest, InputProcessor
 from engine.memory import log_gpu_memory, num_kv_blocks
 from engine.model import loader
+from engine.logprobs import PromptRows, TokenDecoder
 from engine.outputs import RequestOutput, request_output
+from engine.parallel_sampling import ParentRequest, child_id, child_params
 from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -42,6 +44,14 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's torch dtype (EngineConfig.kv_cache_dtype; auto: the model's)."""
+    fp8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+    if kv_cache_dtype == "auto":
+        return dtype
+    return fp8.get(kv_cache_dtype) or DTYPES[kv_cache_dtype]
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -52,7 +62,10 @@ class LLMEngine:
         spec = loader.read_model_spec(path, config.quantization)  # before any weight
         self.spec = spec
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
-        self.tokenizer = load_tokenizer(config.tokenizer or path, config.revision)
+        self.tokenizer = load_tokenizer(config.tokenizer or path, config.tokenizer_revision or
+                                        (None if config.tokenizer else config.revision))
+        if config.chat_template:
+            self.tokenizer.chat_template = config.chat_template
         torch.manual_seed(config.seed)
         self.workers = None  # the other ranks under tensor parallelism (engine.parallel)
         tp = SINGLE
@@ -72,7 +85,8 @@ class LLMEngine:
         make_runner = self.workers.runner if self.workers else ModelRunner  # TP: one runner per rank
         self.runner = make_runner(self.model, config.block_size, self.dtype, self.device,
                                   max_num_seqs=config.max_num_seqs, max_num_batched_tokens=budget,
-                                  max_model_len=self.max_model_len)
+                                  max_model_len=self.max_model_len,
+                                  kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype))
         self.memory: dict = {}
         num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory)
         self.runner.allocate_kv_cache(num_blocks)
@@ -92,8 +106,11 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_token_ids, config.seed)
         self.input_processor = InputProcessor(self.tokenizer, spec.vocab_size, self.max_model_len,
                                               self._kv_capacity(num_blocks, config.block_size, budget),
-                                              allow_special_tokens_in_content=config.allow_special_tokens_in_content)
+                                              allow_special_tokens_in_content=config.allow_special_tokens_in_content,
+                                              max_logprobs=config.max_logprobs)
         self.requests: dict[str, Sequence] = {}
+        self.parents: dict[str, ParentRequest] = {}  # requests of n > 1 (or best_of) choices
+        self.token_decoder = TokenDecoder(self.tokenizer)  # Logprob.decoded_token
         self.step_count = 0
 
     def _kv_capacity(self, num_blocks: int, block_size: int, budget: int) -> int:
@@ -138,7 +155,7 @@ class LLMEngine:
                     priority: int = 0, cache_salt: str | None = None) -> Sequence:
         """Queue a request: a prompt (see InputProcessor.encode) with its sampling params,
         or an EngineRequest the input processor made (then params must be None)."""
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.parents:
             raise InvalidInputError(f"request id {request_id!r} is already running", field="request_id")
         if not is_int(priority):
             raise InvalidInputError("priority must be an integer", field="priority")
@@ -149,19 +166,43 @@ class LLMEngine:
             req = prompt
         else:
             req = self.input_processor.process(prompt, params)
-        seq = Sequence(request_id, req.prompt, req.prompt_token_ids, req.params, req.max_tokens, priority=priority,
-                       cache_salt=cache_salt)
+        choices = req.params.num_choices
+        if choices == 1:
+            seq = self._new_seq(request_id, req, req.params, priority, cache_salt)
+            self.scheduler.add(seq)
+            return seq
+        children = [self._new_seq(child_id(request_id, i), req, child_params(req.params, i), priority, cache_salt, i)
+                    for i in range(choices)]
+        parent = self.parents[request_id] = ParentRequest(request_id, req.params, children)
+        for child in children:
+            child.parent = parent
+        self.scheduler.add(children[0])  # the others once its prompt is computed (engine.parallel_sampling)
+        return children[0]
+
+    def _new_seq(self, request_id: str, req: EngineRequest, params: SamplingParams, priority: int,
+                 cache_salt: str | None, index: int = 0) -> Sequence:
+        seq = Sequence(request_id, req.prompt, req.prompt_token_ids, params, req.max_tokens, priority=priority,
+                       cache_salt=cache_salt, index=index)
         if self.scheduler.rope_switch is not None and seq.num_tokens > self.scheduler.rope_switch:
             use_long_rope(seq)
-        seq.detok = Detokenizer(self.tokenizer, req.prompt_token_ids, req.params, self.eos_token_ids, req.max_tokens,
+        seq.detok = Detokenizer(self.tokenizer, req.prompt_token_ids, params, self.eos_token_ids, req.max_tokens,
                                 self.max_model_len)
-        if req.params.logprobs is not None:
+        if params.logprobs is not None:
             seq.logprobs = []
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]
         self.requests[request_id] = seq
-        self.scheduler.add(seq)
         return seq
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        parent = self.parents.pop(request_id, None)
+        if parent is not None:
+            for child in parent.children:
+                if child.finish_reason is None:
+                    self._finish(child)
+                    child.finish_reason = "abort"
+                parent.update(request_output(child))
+            return parent.output()
         seq = self.requests.get(request_id)
         if seq is None:
             return None
@@ -172,7 +213,8 @@ class LLMEngine:
     def is_queued(self, request_id: str) -> bool:
         """True while the request waits for its first step (never for one that
         ran and was preempted): how long this lasts is the engine's queueing."""
-        seq = self.requests.get(request_id)
+        parent = self.parents.get(request_id)
+        seq = parent.children[0] if parent is not None else self.requests.get(request_id)
         return seq is not None and seq.first_scheduled_time is None
 
     def has_unfinished_requests(self) -> bool:
@@ -194,7 +236,33 @@ class LLMEngine:
         ran = [item for item in sched.scheduled if item[0] not in gone] if gone else sched.scheduled
         for seq, sample in self.scheduler.update_from_output(ran, samples):
             outputs.append(self._postprocess(seq, sample))
-        return outputs
+            if seq.parent is not None and seq.parent.held:  # its prompt is computed: the other choices join
+                for child in seq.parent.release():
+                    self.scheduler.add(child)
+        return self._gather(outputs) if self.parents else outputs
+
+    def _gather(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Children's outputs as their requests' (one per request and step); a failed child
+        fails its request (the other children stop)."""
+        out, touched = [], {}
+        for o in outputs:
+            parent = self.parents.get(o.request_id.split("\x00")[0]) if "\x00" in o.request_id else None
+            if parent is None:
+                out.append(o)
+                continue
+            parent.update(o)
+            touched[parent.request_id] = parent
+        for parent in touched.values():
+            if parent.failed:
+                for child in parent.children:
+                    if child.request_id in self.requests:
+                        self._finish(child)
+            agg = parent.output()
+            if agg is not None:
+                out.append(agg)
+            if parent.finished:
+                del self.parents[parent.request_id]
+        return out
 
     def scrub_expired(self) -> int:
         """Between steps (an idle engine): zero the KV of cached blocks whose TTL passed."""
@@ -225,12 +293,37 @@ class LLMEngine:
 
     def _run(self, scheduled):
         self.faults.before_run(self.step_count, scheduled)
-        logits = self.runner.execute(scheduled)
+        prompt, rows = self._prompt_rows(scheduled)
+        logits = self.runner.execute(scheduled, prompt_rows=rows) if rows else self.runner.execute(scheduled)
         samplers = [(seq, n) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens]
         if samplers:
             logits = self.faults.poison_logits(self.step_count, [s for s, _ in samplers], logits)
-        samples = iter(self.sampler.sample(logits, [s for s, _ in samplers]) if samplers else [])
+        seqs = [s for s, _ in samplers]
+        if prompt is not None:
+            samples = iter(self.sampler.sample(logits, seqs, prompt))
+            for (seq, _, _), positions in zip(prompt.entries, prompt.results):
+                self.token_decoder.fill(positions)
+                seq.prompt_logprobs.extend(positions)
+        else:
+            samples = iter(self.sampler.sample(logits, seqs) if samplers else [])
         return [next(samples) if seq.num_computed_tokens + n == seq.num_tokens else None for seq, n in scheduled]
+
+    @staticmethod
+    def _prompt_rows(scheduled) -> tuple[PromptRows | None, list[tuple[int, int, int]]]:
+        """The prompt positions of this step whose logits give prompt_logprobs not yet taken:
+        (PromptRows for the sampler, (scheduled index, offset in the chunk, count) for the runner).
+        A recomputed prompt (preemption) takes none twice."""
+        entries, rows = [], []
+        for i, (seq, n) in enumerate(scheduled):
+            if seq.prompt_logprobs is None:
+                continue
+            start = seq.num_computed_tokens
+            first = max(len(seq.prompt_logprobs), start + 1)  # the first prompt token to score
+            last = min(start + n, seq.num_prompt_tokens - 1)  # position p predicts token p + 1
+            if last >= first:
+                entries.append((seq, first, last - first + 1))
+                rows.append((i, first - 1 - start, last - first + 1))
+        return (PromptRows(entries) if entries else None), rows
 
     def _empty_cache(self):
         if self.device.startswith("cuda"):
@@ -243,6 +336,8 @@ class LLMEngine:
             if sample.error is not None:
                 return self._fail(seq, NonFiniteLogitsError(f"request {seq.request_id}: {sample.error}"))
             self.faults.before_detokenize(self.step_count, seq)
+            if sample.top_logprobs is not None:
+                self.token_decoder.fill((sample.top_logprobs,))
             end = seq.detok.update(sample.token_id, seq.num_output_tokens)
             if end is not None:
                 seq.finish_reason, seq.stop_reason = end

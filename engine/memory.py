@@ -23,7 +23,7 @@ def kv_bytes_per_block(spec, block_size: int, dtype) -> int:
 def num_kv_blocks(runner, config, max_model_len: int, max_num_batched_tokens: int, memory: dict) -> int:
     """Blocks for the KV cache; the CUDA figures it weighed go into `memory`. The profiled
     forward runs here (a full token budget over max_num_seqs sequences, all sampling)."""
-    per_block = kv_bytes_per_block(runner.model.spec, config.block_size, runner.dtype)
+    per_block = kv_bytes_per_block(runner.model.spec, config.block_size, runner.kv_cache_dtype)
     if runner.device.type == "cuda":
         peak = runner.profile_peak_bytes(max_num_batched_tokens, config.max_num_seqs)
         free, total = torch.cuda.mem_get_info()

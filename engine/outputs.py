@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.logprobs import Logprob
+
 if TYPE_CHECKING:
     from engine.sequence import Sequence
 
@@ -16,7 +18,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None  # per token: the sampled one's and the top ones
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: str | int | None = None
     delta_text: str = ""  # text new since the previous output of this request
@@ -32,6 +34,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
     error: Exception | None = None  # an EngineError when the request failed
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token (the first: None)
 
 
 def request_output(seq: Sequence) -> RequestOutput:
@@ -42,7 +45,7 @@ def request_output(seq: Sequence) -> RequestOutput:
     delta = text[seq.emitted_len :]
     seq.emitted_len = len(text)
     comp = CompletionOutput(
-        index=0,
+        index=seq.index,
         text=text,
         token_ids=list(seq.output_token_ids),
         cumulative_logprob=seq.cumulative_logprob,
@@ -65,4 +68,5 @@ def request_output(seq: Sequence) -> RequestOutput:
             "num_preemptions": seq.num_preemptions,
         },
         error=seq.error,
+        prompt_logprobs=seq.prompt_logprobs,  # complete once the prompt is computed (not copied)
     )

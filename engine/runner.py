@@ -11,6 +11,7 @@ import logging
 import numpy as np
 import torch
 
+import kernels
 from engine.model.layers import ForwardContext, PagedAttention, forward_context
 from engine.sequence import Sequence
 
@@ -58,10 +59,11 @@ def rope_row(long_rope: tuple[int, int], seq: Sequence, pos):
 
 class ModelRunner:
     def __init__(self, model, block_size: int, dtype, device, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None):
+                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None, kv_cache_dtype=None):
         self.model = model
         self.block_size = block_size
         self.dtype = dtype
+        self.kv_cache_dtype = kv_cache_dtype or dtype  # FP8: kernels/kv_cache.py's scaled storage
         self.device = torch.device(device)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self.kv_cache: torch.Tensor | None = None  # every layer's K and V (allocate_kv_cache)
@@ -87,9 +89,12 @@ class ModelRunner:
         s = self.model.spec
         shape = (num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         self.free_kv_cache()
-        self.kv_cache = torch.zeros((len(self.attn_layers), 2, *shape), dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros((len(self.attn_layers), 2, *shape), dtype=self.kv_cache_dtype,
+                                    device=self.device)
+        fp8 = self.kv_cache_dtype in kernels.FP8_DTYPES
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            layer.use_cache_scales(fp8)
             self.k_caches.append(layer.k_cache)
             self.v_caches.append(layer.v_cache)
 
@@ -104,7 +109,10 @@ class ModelRunner:
         cache (a single kernel launch on the GPU, no host synchronisation)."""
         if block_ids and self.kv_cache is not None:
             ids = torch.tensor(block_ids, dtype=torch.long)
-            self.kv_cache.index_fill_(2, ids.to(self.device, non_blocking=True), 0)
+            cache = self.kv_cache
+            if cache.dtype in kernels.FP8_DTYPES:  # index_fill_ has no FP8 kernel: zero the bytes
+                cache = cache.view(torch.uint8)
+            cache.index_fill_(2, ids.to(self.device, non_blocking=True), 0)
 
     # -- inputs -------------------------------------------------------------------
     def fill_host(self, scheduled: list[tuple[Sequence, int]], pad_to: int = 0, table_cols: int = 0):
@@ -185,15 +193,20 @@ class ModelRunner:
 
     # -- running -------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Logits [S, vocab] (float32) for the scheduled requests that sample, in order."""
-        if self.graphs is not None and self.graphs.can_run(scheduled):
+    def execute(self, scheduled: list[tuple[Sequence, int]], prompt_rows=()) -> torch.Tensor:
+        """Logits [S, vocab] (float32) for the scheduled requests that sample, in order; then
+        the rows of `prompt_rows` (prompt_logprobs): (scheduled index, offset in its chunk, count)."""
+        if self.graphs is not None and not prompt_rows and self.graphs.can_run(scheduled):
             bs = self.graphs.padded_size(len(scheduled))
             _, _, cols, _, _ = self.fill_host(scheduled, pad_to=bs)
             self.graphs.copy_inputs(self.host, bs, cols)
             self.mark_copied()
             return self.graphs.replay(bs)[: len(scheduled)].float()
         ids, pos, ctx, rows_t = self.prepare(scheduled)
+        if prompt_rows:
+            starts = np.cumsum([0] + [n for _, n in scheduled])
+            extra = [int(starts[i]) + off + j for i, off, count in prompt_rows for j in range(count)]
+            rows_t = torch.cat([rows_t, self._to_device(torch.tensor(extra, dtype=torch.int64))])
         if rows_t.numel() == 0:
             with forward_context(ctx):
                 self.model(ids, pos)

@@ -1,6 +1,7 @@
 """Sampling from the last-position logits of each request, on the logits'
-device: penalties, min_tokens bans, temperature, top-k / top-p / min-p,
-per-request seeds, logprobs. Every row's result reaches the host in one
+device: logits edits (engine.logits_processors), penalties, min_tokens bans,
+temperature, top-k / top-p / min-p, per-request seeds, logprobs and prompt
+logprobs (engine.logprobs). Every row's result reaches the host in one
 transfer, the only host synchronisation of a step."""
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logits_processors import apply_edits, needs_edits
+from engine.logprobs import PositionLogprobs, PromptRows, device_parts, read_parts
 from engine.sequence import Sequence
 
 
@@ -15,7 +18,7 @@ from engine.sequence import Sequence
 class SampleResult:
     token_id: int
     logprob: float
-    top_logprobs: dict[int, float] | None
+    top_logprobs: PositionLogprobs | None  # the sampled token's and the top ones (logprobs asked)
     error: str | None = None  # set when this request's logits were unusable
 
 
@@ -77,25 +80,36 @@ class Sampler:
             gen = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
         return gen
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        """logits [S, V] for S requests, in order. Greedy rows are decided in one
-        batched argmax; only rows with penalties, bans or sampling take a row of work.
-        A sampled token is argmax(probs / E) with E ~ Exp(1) drawn from the
-        request's generator: a draw from probs without a host round trip."""
-        logits = logits.float()
-        dev = logits.device
-        x = logits
-        edited = False
+    def _edit(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The logits the tokens are chosen from: a copy edited only when some row needs it
+        (allowed ids, bad words, logit bias, penalties, min_tokens bans)."""
+        x, edited = logits, False
         for row, seq in enumerate(seqs):
             p = seq.params
+            edits = needs_edits(seq)
             penalties = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
             banned = [t for t in self._banned(seq) if t < logits.shape[-1]]  # ids past the vocab never come
-            if (penalties or banned) and not edited:
+            if (edits or penalties or banned) and not edited:
                 x, edited = logits.clone(), True
+            if edits:
+                apply_edits(x[row], seq)
             if penalties:
                 x[row] = _apply_penalties(x[row], seq)
             if banned:
-                x[row].index_fill_(0, _ids(banned, dev), float("-inf"))  # a scalar: no host-to-device copy
+                x[row].index_fill_(0, _ids(banned, logits.device), float("-inf"))  # a scalar: no host-to-device copy
+        return x
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt: PromptRows | None = None) -> list[SampleResult]:
+        """logits [S, V] for S requests, in order (then prompt.num_rows rows predicting prompt
+        tokens, when `prompt` is given: their logprobs go to prompt.results). Greedy rows are
+        decided in one batched argmax; only rows with edits or sampling take a row of work.
+        A sampled token is argmax(probs / E) with E ~ Exp(1) drawn from the request's
+        generator: a draw from probs without a host round trip. Logprobs are raw (engine.logprobs)."""
+        n = len(seqs)
+        logits = logits.float()
+        prompt_logits, logits = logits[n:], logits[:n]
+        dev = logits.device
+        x = self._edit(logits, seqs)
         tokens = x.argmax(dim=-1)
         for row, seq in enumerate(seqs):
             if seq.params.greedy:
@@ -107,26 +121,45 @@ class Sampler:
         chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1)
         finite = torch.isfinite(logits).all(dim=-1)
         parts = [tokens.to(torch.float64), chosen.double(), finite.double()]
-        for row, seq in enumerate(seqs):
-            if seq.params.logprobs:
-                vals, ids = torch.topk(raw[row], seq.params.logprobs)
-                parts += [vals.double(), ids.double()]
+        asked = [row for row, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        k = max((seqs[r].params.logprobs for r in asked), default=0)
+        if asked:  # one gather of the rows that asked
+            idx = _ids(asked, dev)
+            parts += device_parts(raw.index_select(0, idx), tokens.index_select(0, idx), k)
+        if prompt is not None:
+            parts += _prompt_parts(prompt_logits, prompt)
         host = torch.cat(parts).tolist()  # the step's one synchronisation
-        n = len(seqs)
         token_list, chosen_list, finite_list = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
-        at = 3 * n
+        tops, at = read_parts(host, 3 * n, [int(token_list[r]) for r in asked],
+                              [seqs[r].params.logprobs for r in asked], k)
+        top_of = dict(zip(asked, tops))
+        if prompt is not None:
+            _read_prompt(host, at, prompt)
         results = []
-        for row, seq in enumerate(seqs):
-            k = seq.params.logprobs or 0
-            top_vals, top_ids = host[at : at + k], host[at + k : at + 2 * k]
-            at += 2 * k
+        for row in range(n):
             if not finite_list[row]:
                 results.append(SampleResult(-1, 0.0, None, error="the model produced NaN or infinite logits"))
                 continue
-            token = int(token_list[row])
-            top = None
-            if seq.params.logprobs is not None:
-                top = {token: chosen_list[row]}
-                top.update(zip((int(i) for i in top_ids), top_vals))
-            results.append(SampleResult(token, chosen_list[row], top))
+            results.append(SampleResult(int(token_list[row]), chosen_list[row], top_of.get(row)))
         return results
+
+
+def _prompt_targets(prompt: PromptRows) -> list[int]:
+    return [t for seq, first, count in prompt.entries for t in seq.prompt_token_ids[first : first + count]]
+
+
+def _prompt_parts(logits: torch.Tensor, prompt: PromptRows) -> list[torch.Tensor]:
+    """device_parts of the rows predicting prompt tokens (k: the largest prompt_logprobs asked)."""
+    k = max(seq.params.prompt_logprobs for seq, _, _ in prompt.entries)
+    targets = _ids(_prompt_targets(prompt), logits.device)
+    return device_parts(torch.log_softmax(logits, dim=-1), targets, k)
+
+
+def _read_prompt(host: list[float], at: int, prompt: PromptRows) -> None:
+    k = max(seq.params.prompt_logprobs for seq, _, _ in prompt.entries)
+    ks = [seq.params.prompt_logprobs for seq, _, count in prompt.entries for _ in range(count)]
+    positions, _ = read_parts(host, at, _prompt_targets(prompt), ks, k)
+    i = 0
+    for _, _, count in prompt.entries:
+        prompt.results.append(positions[i : i + count])
+        i += count

@@ -114,7 +114,9 @@ class Scheduler:
             seq = self.waiting[0]
             if self.rope_switch is not None and not seq.long_rope and seq.num_tokens > self.rope_switch:
                 use_long_rope(seq)  # preempted past the switch: recomputed with the long factors
-            computed = self.bm.get_computed_blocks(seq) if not seq.block_table else []
+            # prompt_logprobs need every prompt position's logits: no prefix hit (as vLLM)
+            cached = not seq.block_table and seq.params.prompt_logprobs is None
+            computed = self.bm.get_computed_blocks(seq) if cached else []
             num_computed = seq.num_computed_tokens + len(computed) * self.bm.block_size
             n = min(seq.num_tokens - num_computed, budget)
             if not self.bm.allocate_slots(seq, n, computed):

@@ -41,7 +41,11 @@ class Sequence:
     num_cached_prompt_tokens: int = 0
     num_preemptions: int = 0
     cumulative_logprob: float = 0.0
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict] | None = None  # per output token: token id -> engine.logprobs.Logprob
+    prompt_logprobs: list[dict | None] | None = None  # per prompt token (the first: None), when asked
+    device_tensors: dict | None = None  # engine.logits_processors' tensors of this request
+    index: int = 0  # its choice among the n of a request (engine.parallel_sampling)
+    parent: object = None  # engine.parallel_sampling.ParentRequest of a request of n > 1 choices
     generator: object = None  # torch.Generator for seeded sampling
     detok: object = None  # engine.detokenizer.Detokenizer (text and stop checks)
     emitted_len: int = 0  # characters of text already reported

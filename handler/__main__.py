@@ -1,5 +1,6 @@
 """`python -m handler`: validate the settings, then serve jobs through
-runpod.serverless.start (or run one job locally with --test_input)."""
+runpod.serverless.start (or run one job locally with --test_input, or serve
+RunPod's /v2 REST API on this machine with --serve)."""
 from __future__ import annotations
 
 import time
@@ -19,6 +20,10 @@ def _parser() -> argparse.ArgumentParser:
                                 description="RunPod serverless LLM worker. Other --rp_* flags go to the runpod SDK.")
     p.add_argument("--test_input", default=None, help='run one job locally, e.g. \'{"input": {"prompt": "Hi"}}\'')
     p.add_argument("--print-settings", action="store_true", help="print the settings table (Markdown) and exit")
+    p.add_argument("--serve", action="store_true", help="serve RunPod's /v2/<endpoint_id> REST API (run, runsync, "
+                   "status, stream, cancel, health, openai/v1) locally, jobs run on this worker")
+    p.add_argument("--host", default="127.0.0.1", help="--serve: the address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="--serve: the port (default 8000)")
     return p
 
 
@@ -43,7 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     if settings.base_path and not os.environ.get("HF_HOME"):
         os.environ["HF_HOME"] = os.path.join(settings.base_path, "huggingface-cache")
     log.info("settings %s", describe(settings))
+    from handler.compat.worker_vllm_env import start_notes
+    from handler.settings import SETTINGS_BY_NAME
 
+    for note in start_notes(os.environ, SETTINGS_BY_NAME):  # worker-vllm's variables this worker does not apply
+        log.warning("%s", note)
+
+    if args.serve:
+        from handler.serve.server import serve_local
+
+        return serve_local(settings, args.host, args.port)
     from handler.worker import Worker
 
     serve_api = "--rp_serve_api" in rest

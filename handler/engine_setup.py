@@ -21,8 +21,9 @@ ENGINE_FIELDS = {
     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "enable_prefix_caching": "ENABLE_PREFIX_CACHING",
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "num_kv_blocks": "NUM_KV_BLOCKS", "seed": "SEED",
     "fault_injection": "FAULT_INJECTION", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
-    "enforce_eager": "ENFORCE_EAGER", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S",
-    "allow_special_tokens_in_content": "ALLOW_SPECIAL_TOKENS_IN_CONTENT",
+    "enforce_eager": "ENFORCE_EAGER", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S", "max_logprobs": "MAX_LOGPROBS",
+    "allow_special_tokens_in_content": "ALLOW_SPECIAL_TOKENS_IN_CONTENT", "kv_cache_dtype": "KV_CACHE_DTYPE",
+    "tokenizer": "TOKENIZER_NAME", "tokenizer_revision": "TOKENIZER_REVISION", "chat_template": "CUSTOM_CHAT_TEMPLATE",
 }
 
 
@@ -34,12 +35,14 @@ def engine_config(settings: Any, model: str):
         model=model, revision=settings.model_revision, dtype=settings.dtype, quantization=settings.quantization,
         block_size=settings.block_size, max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
-        enable_prefix_caching=settings.enable_prefix_caching,
+        enable_prefix_caching=settings.enable_prefix_caching, max_logprobs=settings.max_logprobs,
         gpu_memory_utilization=settings.gpu_memory_utilization, num_kv_blocks=settings.num_kv_blocks,
         seed=settings.seed, fault_injection=settings.fault_injection,
         tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
         prefix_cache_ttl_s=settings.prefix_cache_ttl_s or None,
         allow_special_tokens_in_content=settings.allow_special_tokens_in_content,
+        kv_cache_dtype=settings.kv_cache_dtype, tokenizer=settings.tokenizer_name,
+        tokenizer_revision=settings.tokenizer_revision, chat_template=settings.custom_chat_template,
     )
 
 

@@ -11,10 +11,11 @@ import math
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handler.errors import JobError
+from handler.job.choices import ChoiceTracker, detailed
 from handler.job.sampling import invalid_from_engine
 from handler.job.schema import JobSpec
 
@@ -65,6 +66,11 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     metrics: dict
+    # every choice (handler.job.choices.Choice), for a request of n > 1 or logprobs; text and
+    # finish_reason above are choice 0's, completion_tokens all choices'
+    choices: list = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list | None = None  # engine Logprob dicts per prompt token (the first: None)
 
 
 class RequestStream:
@@ -116,7 +122,7 @@ class RequestStream:
 def job_prompt(spec: JobSpec):
     """The job's prompt as the engine's input processor takes it."""
     if spec.messages is not None:
-        return {"messages": spec.messages}
+        return {"messages": spec.messages, **(spec.chat.prompt_fields() if spec.chat is not None else {})}
     if isinstance(spec.prompt, list):
         return {"prompt_token_ids": spec.prompt}
     return spec.prompt
@@ -176,7 +182,8 @@ class JobRequests:
         return len(self.engine.input_processor.encode(prompt)[1])
 
     async def events(self, request, engine_request_id: str) -> AsyncIterator[tuple[str, Any, int]]:
-        """Run one request: ("delta", text, new_tokens) events, then ("done", Completion, 0).
+        """Run one request: ("delta", text, new_tokens) events, then ("done", Completion, 0); for a
+        request of n > 1 or logprobs (handler.job.choices.detailed) a delta is a list of ChoiceDelta.
         Raises JobError on failure, timeout or queue timeout, with the text so far."""
         engine, ctx = self.engine, self.ctx
         if engine.is_dead:
@@ -187,6 +194,7 @@ class JobRequests:
         ctx.arrival = ctx.arrival or submitted
         stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt)
         text, ntok, out = "", 0, None
+        tracker, detail = ChoiceTracker(), detailed(request.params)
         started = False  # the engine has run a step of it: no longer queued
         try:
             while True:
@@ -204,12 +212,11 @@ class JobRequests:
                         ctx.prompt_tokens += len(latest.prompt_token_ids)
                         ctx.cached_tokens += latest.num_cached_tokens or 0
                     out = latest
-                    comp = out.outputs[0]
-                    new_text, new_tok = comp.text[len(text):], len(comp.token_ids) - ntok
+                    new_text, new_tok, deltas = tracker.advance(out)
                     ctx.add_tokens(new_tok)
-                    text, ntok = comp.text, len(comp.token_ids)
+                    text, ntok = tracker.text, tracker.ntok
                     if new_text or new_tok:
-                        yield "delta", new_text, new_tok
+                        yield "delta", (deltas if detail else new_text), new_tok
                 if error is not None:
                     err = JobError.from_exception(error)
                     engine_text = err.details.pop("partial_text", None) or ""
@@ -222,7 +229,8 @@ class JobRequests:
             raise JobError("internal_error", "the engine ended the request without any output")
         comp = out.outputs[0]
         yield "done", Completion(text, comp.finish_reason, len(out.prompt_token_ids), ntok, out.num_cached_tokens,
-                                 dict(out.metrics or {})), 0
+                                 dict(out.metrics or {}), tracker.choices(out) if detail else [],
+                                 list(out.prompt_token_ids), out.prompt_logprobs), 0
 
     def _wait_limit(self, submitted: float, queued: bool) -> float | None:
         """Seconds to wait for news: until the job's deadline, or the queue timeout while queued."""

@@ -8,20 +8,17 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+
+from handler.serve.sdk_job import drive
 
 log = logging.getLogger("handler.local")
 
 
 async def run_job(handler, job: dict) -> dict:
     """Iterate an async-generator handler as runpod's rp_job.handle_job does with
-    return_aggregate_stream: items are collected; an item with a truthy `error` fails the job."""
-    output: list[Any] = []
-    async for item in handler(job):
-        if isinstance(item, dict) and item.get("error"):
-            return {"id": job["id"], "status": "FAILED", "error": str(item["error"])}
-        output.append(item)
-    return {"id": job["id"], "status": "COMPLETED", "output": output}
+    return_aggregate_stream (handler.serve.sdk_job): items are collected; an item with a
+    truthy `error` fails the job."""
+    return {"id": job["id"], **await drive(handler, job)}
 
 
 def load_job(test_input: str | None) -> dict:

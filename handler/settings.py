@@ -92,10 +92,21 @@ SETTINGS: tuple[Setting, ...] = (
        "embedded default model "
        "(SmolLM2-135M-Instruct, AWQ 4-bit), prepared once into the cache.", group="model"),
     _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME.", group="model"),
-    _s("QUANTIZATION", "choice", None, "`awq` to insist on an AWQ checkpoint, `none` for plain weights; unset: read "
-       "from the checkpoint's config.json.", choices=("awq", "none"), group="model"),
+    _s("TOKENIZER_NAME", "str", None, "Hub id or folder of a tokenizer to use in place of the model's "
+       "(worker-vllm's name; `TOKENIZER` too).", group="model"),
+    _s("TOKENIZER_REVISION", "str", None, "Hub revision of TOKENIZER_NAME.", group="model"),
+    _s("CUSTOM_CHAT_TEMPLATE", "str", None, "A Jinja chat template replacing the tokenizer's own (worker-vllm's "
+       "name; vLLM's --chat-template), e.g. for a model without one or to render tools.", group="model"),
+    _s("QUANTIZATION", "choice", None, "vLLM's names, checked against the checkpoint: `awq` (= `awq_marlin`), `gptq` "
+       "(= `gptq_marlin`), `compressed-tensors`, `fp8`, or `none` for plain weights; unset: read from the "
+       "checkpoint's config.json.",
+       choices=("awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "fp8", "none"), group="model"),
     _s("DTYPE", "choice", "auto", "Activation dtype; auto: bfloat16 on CUDA, float32 on the CPU.",
        choices=("auto", "float16", "bfloat16", "float32"), group="model"),
+    _s("KV_CACHE_DTYPE", "choice", "auto", "KV cache element type (vLLM's names); auto: the model's dtype. "
+       "`fp8` (= `fp8_e4m3`) or `fp8_e5m2` halves a 16-bit cache's memory (twice the tokens held), with the "
+       "checkpoint's per-tensor k/v scales, else 1.0.",
+       choices=("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"), group="model"),
     _s("MAX_MODEL_LEN", "int", None, "Context length (prompt + output tokens); unset: the model's.", minimum=2,
        group="model"),
     _s("GPU_MEMORY_UTILIZATION", "float", 0.9, "Fraction of GPU memory the engine may fill: weights, the profiled "
@@ -106,6 +117,8 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=1, group="model"),
     _s("BLOCK_SIZE", "choice", 16, "Tokens per KV-cache block.", choices=(8, 16, 32), group="model"),
     _s("ENABLE_PREFIX_CACHING", "bool", True, "Reuse KV blocks of shared prompt prefixes.", group="model"),
+    _s("MAX_LOGPROBS", "int", 20, "Most logprobs (top_logprobs, prompt_logprobs) a request may ask for per "
+       "token (worker-vllm's and vLLM's max_logprobs).", minimum=0, group="model"),
     _s("NUM_KV_BLOCKS", "int", None, "Fixed number of KV blocks; unset: sized from GPU_MEMORY_UTILIZATION.",
        minimum=1, group="model"),
     _s("PREFIX_CACHE_TTL_S", "float", 0.0, "Seconds an unused cached prefix block stays reusable; 0: until evicted.",
@@ -135,6 +148,10 @@ SETTINGS: tuple[Setting, ...] = (
        "the context, up to this; reaching it is reported as truncated, never silent).", minimum=1),
     _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's text: the prompt, the messages' contents "
        "together, or the document to summarize (a token-id prompt: most ids); more fails invalid_input.", minimum=1),
+    _s("SUMMARIZE_CONTEXT_TOKENS", "int", 0, "Most tokens of one engine call of a `summarize` job (prompt + "
+       "summary); a longer document is summarized in parts (map-reduce). 0: the engine's longest request. On the "
+       "CPU a lower value (e.g. 2048, one engine step there) bounds how long a short document arriving mid-run "
+       "waits behind a long one's prefill, at the price of more map calls.", minimum=0),
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),
@@ -167,6 +184,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("OPENAI_SERVED_MODEL_NAME_OVERRIDE", "str", None, "Model name the OpenAI routes report; unset: MODEL_NAME "
        "(or the default model's name)."),
     _s("OPENAI_RESPONSE_ROLE", "str", "assistant", "Role of the chat completion's message."),
+    _s("ENABLE_AUTO_TOOL_CHOICE", "bool", True, "`tool_choice: \"auto\"` (and no tool_choice with tools): tool "
+       "calls parsed from the model's text (TOOL_CALL_PARSER); false: `auto` fails invalid_input and tools without "
+       "a tool_choice get text, as vLLM without --enable-auto-tool-choice (its default is false)."),
+    _s("TOOL_CALL_PARSER", "str", None, "Tool-call format of the model's text, vLLM's --tool-call-parser names: "
+       "`hermes` (Qwen2.5, Qwen3), `llama3_json`, `mistral`; unset: chosen from the chat template's markers. Other "
+       "names of vLLM's are accepted, logged at start, and tool_choice auto then fails invalid_input."),
+    _s("REASONING_PARSER", "str", None, "`qwen3` or `deepseek_r1` (vLLM's --reasoning-parser): `<think>...</think>` "
+       "returned as `reasoning_content` (streamed as delta.reasoning_content; a Responses reasoning item); unset: "
+       "the text stays whole. Other names are logged at start and ignored."),
+    _s("OUTPUT_FORMAT", "choice", "default", "Items of non-OpenAI jobs: `default` (text, finish_reason, truncated, "
+       "usage, timings) or `worker-vllm` (its `{\"choices\": [{\"tokens\": [...]}], \"usage\": {\"input\", "
+       "\"output\"}}`).", choices=("default", "worker-vllm")),
     _s("RESULT_CACHE_SIZE", "int", 256, "Completed results kept by request_id (same id + same input returns the "
        "cached result); 0: off.", minimum=0),
     _s("RESULT_CACHE_TTL_S", "float", 3600.0, "Seconds a result stays cached by request_id.", minimum=0,
@@ -198,7 +227,9 @@ Settings.__doc__ = "Validated settings; attribute names are the variables' names
 def load_settings(env: Mapping[str, str] | None = None) -> Any:
     """Read every setting from `env` (default os.environ); empty values count as unset.
     Raises SettingsError for the first bad value, naming its variable."""
-    env = os.environ if env is None else env
+    from handler.compat.worker_vllm_env import translate
+
+    env = translate(os.environ if env is None else env)[0]  # worker-vllm's names and values (DTYPE=half, ...)
     values = {}
     for s in SETTINGS:
         raw = env.get(s.name)

@@ -16,8 +16,10 @@ from handler.execution import JobRequests, job_prompt
 from handler.job.context import JobContext, job_finished
 from handler.job.schema import parse_job_input
 from handler.result_cache import ResultCache
-from handler.routes.generate import generate_items
+from handler.routes.chat_output import setup_chat
+from handler.routes.generate import generate_items, worker_vllm_items
 from handler.routes.openai import models_response, openai_items
+from handler.routes.responses import responses_items
 from handler.sdk.drain import Drain, JobDrain, JobEngine, unless_expired
 from handler.sdk.job_take import UnreadableInput
 from handler.summarize.job import summarize_items
@@ -162,9 +164,14 @@ class Worker:
         if spec.route == "summarize":
             items = summarize_items(run)
         else:
+            setup_chat(run)  # tool-call and reasoning parsers for this model (may adjust the sampling)
             request = run.prepare(job_prompt(spec), spec.sampling)
-            if spec.is_openai:
+            if spec.route == "/v1/responses":
+                items = responses_items(run, request, ctx.id, model_label(self.settings))
+            elif spec.is_openai:
                 items = openai_items(run, request, ctx.id, model_label(self.settings))
+            elif self.settings.output_format == "worker-vllm":
+                items = worker_vllm_items(run, request, ctx.id)
             else:
                 items = generate_items(run, request, ctx.id)
         async with contextlib.aclosing(items):

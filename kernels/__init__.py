@@ -16,12 +16,13 @@ from kernels.awq import (
     pack_awq_int4,
     unpack_awq_int4,
 )
-from kernels.kv_cache import write_kv_cache
+from kernels.kv_cache import FP8_DTYPES, write_kv_cache
 from kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from kernels.norm import fused_add_rms_norm, rms_norm
 from kernels.rotary import rotary_embedding
 
 __all__ = [
+    "FP8_DTYPES",
     "AWQExperts",
     "awq_experts_dequantize",
     "fused_moe",

@@ -13,6 +13,9 @@ all query heads of the group together, then a reduction over splits) and a
 flash-style causal prefill; the PyTorch references (CPU path and oracle) live
 in kernels/attention_reference.py. Window and soft-capping are constexpr flags
 of the kernels: without them the kernels compile to the code they had before.
+An FP8 cache (kernels/kv_cache.py) is read as K * k_scale, V * v_scale: keys and
+values are converted to the query's dtype as they load, k_scale folds into the
+scores' scale and v_scale into the output.
 """
 import torch
 import triton.language as tl
@@ -43,32 +46,34 @@ def _check_options(sliding_window, softcap) -> None:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
-                           sliding_window: int | None = None, softcap: float | None = None):
+                           sliding_window: int | None = None, softcap: float | None = None,
+                           k_scale: float = 1.0, v_scale: float = 1.0):
     """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] -> [B, Hq, D].
-    The query sits at position context_lens[b] - 1; sliding_window / softcap: see the module."""
+    The query sits at position context_lens[b] - 1; sliding_window / softcap / the cache's
+    per-tensor k_scale and v_scale (an FP8 cache holds K / k_scale): see the module."""
     _check_options(sliding_window, softcap)
+    opts = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if use_triton(q, k_cache, v_cache, block_tables, context_lens) and q.shape[0]:
-        return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale,
-                             sliding_window=sliding_window, softcap=softcap)
-    return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                            sliding_window=sliding_window, softcap=softcap)
+        return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, **opts)
+    return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale, **opts)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float,
                             max_query_len: int | None = None, *, sliding_window: int | None = None,
-                            softcap: float | None = None):
+                            softcap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0):
     """q [T, Hq, D] packed; query_start_loc int32 [B+1]; context_lens int32 [B]
     (cached prefix + new tokens, whose KV is already written) -> [T, Hq, D].
     Query token i of sequence b sits at position context_lens[b] - n_b + i.
     max_query_len (the largest n_b), when the caller knows it, spares the
     Triton path a host synchronisation; it must not be smaller than the truth.
-    sliding_window / softcap: see the module."""
+    sliding_window / softcap / k_scale, v_scale: see paged_decode_attention."""
     _check_options(sliding_window, softcap)
+    opts = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
         return prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-                              max_query_len, sliding_window=sliding_window, softcap=softcap)
+                              max_query_len, **opts)
     return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-                                             sliding_window=sliding_window, softcap=softcap)
+                                             **opts)
 
 
 # ---------------------------------------------------------------- shared by both kernels
@@ -128,7 +133,7 @@ def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, cap_log2, window, GROUP, D, PART, NUM_SPLITS,
+    qk_scale, cap_log2, v_scale, window, GROUP, D, PART, NUM_SPLITS,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, FP32: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -169,15 +174,15 @@ def _decode_kernel(
             nmask = nmask & (n >= lo)
         row = _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)  # in flight with k
+        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0).to(q.dtype)  # in flight with k
         qk = _dot(q, tl.trans(k), FP32)
         s = tl.where(nmask[None, :], _scores(qk, qk_scale, cap_log2, SOFTCAP), float("-inf"))
         p, alpha, l, m = _softmax_step(s, m, l, False)
         pv = _dot(p.to(v.dtype), v, FP32)
         acc = acc * alpha[:, None] + pv
 
-    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    o = acc * (v_scale / tl.where(l > 0, l, 1.0))[:, None]
     omask = gmask[:, None] & dmask[None, :]
     if SPLIT:
         # partial result of this split: normalised output, running max (log2), sum
@@ -250,15 +255,17 @@ def _paged_layout(q, k_cache, v_cache):
     return (q if q.stride(-1) == 1 else q.contiguous()), block_size, HKV
 
 
-def _score_args(scale, softcap) -> tuple:
-    """(qk_scale, cap_log2) of the kernels' _scores: the cap folds into the scale."""
+def _score_args(scale, softcap, k_scale, v_scale) -> tuple:
+    """(qk_scale, cap_log2, v_scale) of the kernels: the cap and the cache's k_scale fold
+    into the scores' scale, v_scale multiplies the normalised output."""
+    scale = float(scale) * float(k_scale)
     if softcap is None:
-        return float(scale) * LOG2E, 0.0
-    return float(scale) / float(softcap), float(softcap) * LOG2E
+        return scale * LOG2E, 0.0, float(v_scale)
+    return scale / float(softcap), float(softcap) * LOG2E, float(v_scale)
 
 
 def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config=None, *,
-                  sliding_window=None, softcap=None):
+                  sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
     """The Triton decode; config: one of DECODE_CONFIGS to run (tests), None tunes per shape."""
     B, HQ, D = q.shape
     q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
@@ -283,7 +290,7 @@ def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config
             q, k_cache, v_cache, block_tables, context_lens, out, po, pm, pl,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-            *_score_args(scale, softcap), sliding_window or 0, group, D, part, splits,
+            *_score_args(scale, softcap, k_scale, v_scale), sliding_window or 0, group, D, part, splits,
             BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_G=max(16, next_pow2(group)),
             BLOCK_D=block_d, SPLIT=splits > 1, FP32=fp32, WINDOW=sliding_window is not None,
             SOFTCAP=softcap is not None, num_warps=warps, num_stages=stages,
@@ -309,7 +316,7 @@ def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, cl_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, cap_log2, window, GROUP, D,
+    qk_scale, cap_log2, v_scale, window, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, FP32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
@@ -350,24 +357,24 @@ def _prefill_kernel(
             nmask = nmask & (n >= lo)
         row = _kv_rows(bt_row, n, nmask, hkv, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0).to(q.dtype)
         qk = _dot(q, tl.trans(k), FP32)
         keep = nmask[None, :] & (n[None, :] <= qpos[:, None])
         if WINDOW:
             keep = keep & (n[None, :] > qpos[:, None] - window)
         s = tl.where(keep, _scores(qk, qk_scale, cap_log2, SOFTCAP), float("-inf"))
         p, alpha, l, m = _softmax_step(s, m, l, True)
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kvmask, other=0.0).to(q.dtype)
         pv = _dot(p.to(v.dtype), v, FP32)
         acc = acc * alpha[:, None] + pv
 
-    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    o = acc * (v_scale / tl.where(l > 0, l, 1.0))[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
 def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None, *,
-                   sliding_window=None, softcap=None):
+                   sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
     """The Triton prefill (one host sync for the longest query when max_new is None)."""
     T, HQ, D = q.shape
     q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
@@ -387,7 +394,7 @@ def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_l
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        *_score_args(scale, softcap), sliding_window or 0, HQ // HKV, D,
+        *_score_args(scale, softcap, k_scale, v_scale), sliding_window or 0, HQ // HKV, D,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(D),
         FP32=fp32, WINDOW=sliding_window is not None, SOFTCAP=softcap is not None,
         num_warps=warps, num_stages=stages,

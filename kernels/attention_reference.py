@@ -4,7 +4,8 @@ CPU path and the tests' oracle. Softmax in float32, GQA by grouping query heads.
 Sliding window W (Hugging Face's): a query at position i sees keys j with
 i - W < j <= i; only the blocks holding such keys are gathered. softcap
 (Gemma 2): scores = cap * tanh(scores / cap) on the scaled scores, before the
-mask and the softmax.
+mask and the softmax. k_scale / v_scale: the cache holds K / k_scale and V / v_scale
+(FP8; 1.0 for any other dtype), multiplied back as they are read.
 """
 import torch
 
@@ -14,12 +15,12 @@ def _softcapped(scores: torch.Tensor, softcap) -> torch.Tensor:
     return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
-def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
-    """Keys (or values) [start, end) of one sequence, [end - start, Hkv, D], read
-    through its block table; start is a multiple of the block size."""
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, start: int, end: int, scale: float) -> torch.Tensor:
+    """Keys (or values) [start, end) of one sequence, [end - start, Hkv, D] in float32 times
+    the cache's scale, read through its block table; start is a multiple of the block size."""
     block_size = cache.shape[1]
     blocks = block_table[start // block_size: -(-end // block_size)].long()
-    return cache[blocks].reshape(-1, *cache.shape[2:])[: end - start]
+    return cache[blocks].reshape(-1, *cache.shape[2:])[: end - start].float() * scale
 
 
 def _attend(q, k, v, scale, mask=None, softcap=None):
@@ -37,7 +38,7 @@ def _attend(q, k, v, scale, mask=None, softcap=None):
 
 
 def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale, *,
-                                     sliding_window=None, softcap=None):
+                                     sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
     """Batched over sequences: from each sequence's first block holding a key it
     sees (block 0 without a window), as many blocks as the widest span needs; masks
     the rest (their values too, so garbage there cannot leak through a 0 * NaN)."""
@@ -53,8 +54,9 @@ def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_
     blocks = block_tables.gather(1, idx).long().clamp(0, num_blocks - 1)  # entries past a context are masked
     kpos = first[:, None] * block_size + torch.arange(nblk * block_size, device=q.device)
     keep = (kpos < ctx[:, None]) & (kpos >= lo[:, None])
-    k = k_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float()
-    v = v_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float().masked_fill(~keep[:, :, None, None], 0.0)
+    k = k_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float() * k_scale
+    v = (v_cache[blocks].reshape(batch, nblk * block_size, hkv, d).float() * v_scale).masked_fill(
+        ~keep[:, :, None, None], 0.0)
     qf = q.float().reshape(batch, hkv, hq // hkv, d)
     scores = _softcapped(torch.einsum("bhgd,blhd->bhgl", qf, k) * scale, softcap)
     scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
@@ -63,7 +65,7 @@ def paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_
 
 
 def paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, *,
-                                      sliding_window=None, softcap=None):
+                                      sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
     """One sequence at a time, reading its keys from the block of the first one
     its first query sees (block 0 without a window) to the end of its context."""
     out = torch.empty_like(q)
@@ -76,8 +78,8 @@ def paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_s
             continue
         lo = 0 if sliding_window is None else max(0, length - n - sliding_window + 1)
         base = lo // block_size * block_size
-        k = _gather_kv(k_cache, block_tables[b], base, length)
-        v = _gather_kv(v_cache, block_tables[b], base, length)
+        k = _gather_kv(k_cache, block_tables[b], base, length, k_scale)
+        v = _gather_kv(v_cache, block_tables[b], base, length, v_scale)
         qpos = torch.arange(length - n, length, device=q.device)
         kpos = torch.arange(base, length, device=q.device)
         mask = kpos[None, :] <= qpos[:, None]

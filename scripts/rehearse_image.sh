@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Rehearses the worker image's build without Docker, step for step as
-# docker/Dockerfile does it, into a scratch root standing in for the image's /:
+# docker/Dockerfile does it, into a scratch root standing in for the image's /
+# (.ci/run uses it only where Docker cannot run; scripts/build_image.sh builds
+# and runs the real image):
 #   1. the wheel stage's COPY lines (after .dockerignore), then `pip wheel`
 #   2. every package file must be in the wheel (else the image lacks it)
 #   3. a fresh venv, installed by docker/install.sh (CPU torch of the same
@@ -86,12 +88,15 @@ if [ -n "${REHEARSE_DEPS_FROM:-}" ]; then
 else
     # the image's TORCH_INDEX_URL is the CUDA wheel index; here the same torch
     # version comes from the ordinary index as a CPU build
-    # the Dockerfile's two RUN steps
+    # the Dockerfile's three RUN steps
     install() {
         env -u TORCH_INDEX_URL -u PIP_REQUIRE_VIRTUALENV PIP_QUIET=1 PYTHON="$venv/bin/python" \
             sh "$root/opt/worker/install.sh" "$@" || fail "docker/install.sh $1"
     }
     install torch "$root/opt/worker/requirements.txt"
+    PYTHON="$venv/bin/python" sh "$root/opt/worker/install.sh" deps-list "$root/opt/worker/requirements.txt" \
+        "$repo/pyproject.toml" > "$root/opt/worker/deps.txt" || fail "docker/install.sh deps-list"
+    install deps "$root/opt/worker/requirements.txt" "$root/opt/worker/deps.txt"
     install worker "$root/opt/worker/requirements.txt" "$root/wheels"
 fi
 (cd "$root" && "$venv/bin/python" -c "

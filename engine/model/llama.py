@@ -3,6 +3,7 @@ build on (qwen2.py, qwen3.py, phi3.py, gemma3.py): one decoder over paged attent
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from torch import nn
@@ -13,6 +14,16 @@ from engine.errors import UnsupportedModelError
 from engine.model.layers import Linear, PagedAttention, RMSNorm, VocabParallelEmbedding, make_linear, rope_cache
 from engine.model.layers.rotary import rope_is_two_sided, rope_long_after
 from engine.model.spec import ModelSpec, TPSplit, partial_rotary_factor, rope_from_config
+
+
+# an FP8 KV cache's per-tensor scales: self_attn.{k,v,kv}_scale, or compressed-tensors'
+# older self_attn.{k,v}_proj.output_scale; they belong to the paged attention (self_attn.attn)
+_KV_SCALE = re.compile(r"\.self_attn\.(?:(k|v|kv)_scale|(k|v)_proj\.output_scale)$")
+
+
+def kv_scale_name(key: str) -> str:
+    """Our name of a checkpoint tensor, with a KV-cache scale moved to the attention layer."""
+    return _KV_SCALE.sub(lambda m: f".self_attn.attn.{m.group(1) or m.group(2)}_scale", key)
 
 
 class Attention(nn.Module):
@@ -205,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
         """Our name of a checkpoint tensor (None: not loaded)."""
         if "rotary_emb.inv_freq" in name:
             return None
-        key = name.removeprefix("model.")
+        key = kv_scale_name(name.removeprefix("model."))
         if key == "lm_head.weight" and self.spec.tie_word_embeddings:
             return None  # tied: the embeddings serve
         return key

@@ -94,9 +94,51 @@ def parse_messages(messages: Any, field: str = "messages") -> list[dict]:
                     raise invalid(f"{where}.content[{j}]", "only text parts ({type: text, text}) are supported")
                 texts.append(part["text"])
             content = "\n".join(texts)
-        if not isinstance(content, str):
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if content is None and calls:
+            content = None  # an assistant turn of tool calls only
+        elif not isinstance(content, str):
             raise invalid(f"{where}.content", "must be a string or a list of text parts")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        message = {"role": "system" if role == "developer" else role, "content": content}
+        message.update(_tool_fields(m, role, where))
+        out.append(message)
+    return out
+
+
+def _tool_fields(m: dict, role: str, where: str) -> dict:
+    """An assistant message's tool_calls (arguments parsed: chat templates render them as objects,
+    as vLLM hands them), a tool message's tool_call_id, a message's name."""
+    import json
+
+    out: dict[str, Any] = {}
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        value = m.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise invalid(f"{where}.{key}", "must be a string")
+            out[key] = value
+    if role == "tool" and "tool_call_id" not in out:
+        raise invalid(f"{where}.tool_call_id", "is required in a tool message")
+    calls = m.get("tool_calls")
+    if calls is None or role != "assistant":
+        return out
+    if not isinstance(calls, list):
+        raise invalid(f"{where}.tool_calls", "must be a list")
+    out["tool_calls"] = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid(at, 'must be {"id", "type": "function", "function": {"name", "arguments"}}')
+        args = fn.get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            raise invalid(at + ".function.arguments", "must be a JSON object's text") from None
+        if not isinstance(args, dict):
+            raise invalid(at + ".function.arguments", "must be a JSON object's text")
+        out["tool_calls"].append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
+                                  "function": {"name": fn["name"], "arguments": args}})
     return out
 
 

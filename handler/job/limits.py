@@ -55,7 +55,7 @@ def check_limits(spec, job_input: dict, settings: Any) -> None:
         field = "prompt" if from_prompt else prefix + "messages"
         if max_messages and len(spec.messages) > max_messages:
             raise over_limit(field, "messages", len(spec.messages), max_messages, "MAX_MESSAGES")
-        chars = sum(len(m["content"]) for m in spec.messages)
+        chars = sum(len(m["content"] or "") for m in spec.messages)
         if max_chars and chars > max_chars:
             raise over_limit(field, "characters of content", chars, max_chars, "MAX_INPUT_CHARS")
     if spec.prompt is not None and max_chars and len(spec.prompt) > max_chars:

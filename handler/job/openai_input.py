@@ -6,19 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 from handler.errors import invalid
+from handler.job.chat_options import CHAT_KEYS, parse_chat_options
 from handler.job.fields import parse_messages, parse_prompt
+from handler.job.openai_fields import SAFE_TO_IGNORE, unsupported_field
+from handler.job.openai_sampling import output_keys, parse_output_fields
 from handler.job.sampling import SAMPLING_KEYS, check_sampling, is_noop
-from handler.logs import clean
 
 # OpenAI names of engine SamplingParams fields (the others, vLLM's extensions included, pass as they are)
 RENAMED = {"max_completion_tokens": "max_tokens"}
 # accepted only at these (no-op) values
 NOOP = {
     "n": (1,), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,),
-    "suffix": ("",), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none", "auto"),
+    "suffix": ("",), "logit_bias": ({},),
     "response_format": ({"type": "text"},), "add_generation_prompt": (True,),
 }
-IGNORED = {"model", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream", "stream_options"}
+IGNORED = {"stream", "stream_options"} | SAFE_TO_IGNORE  # (stream: read by _stream)
 
 
 def _prompt(oi: dict, p: str) -> str | list[int]:
@@ -53,19 +55,28 @@ def parse_openai_input(route: str, oi: Any, spec) -> None:
         return
     if not isinstance(oi, dict):
         raise invalid("openai_input", "must be an object")
+    if route == "/v1/responses":
+        from handler.job.responses_input import parse_responses_input
+
+        return parse_responses_input(oi, spec)
     if route == "/v1/chat/completions":
         if "messages" not in oi:
             raise invalid(p + "messages", "is required")
         spec.messages = parse_messages(oi["messages"], p + "messages")
+        spec.chat = parse_chat_options(oi, p)
     else:
         spec.prompt = _prompt(oi, p)
     model = oi.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid(p + "model", "must be a string")
     spec.stream, spec.include_usage = _stream(oi, p)
-    sampling = {}
+    sampling = parse_output_fields(route, oi, spec, p)  # logprobs, echo, n, best_of, logit_bias
     for key, value in oi.items():
+        if key in output_keys(route):
+            continue
         if key in ("messages", "prompt") or key in IGNORED or value is None:
+            continue
+        if key in CHAT_KEYS and spec.chat is not None:  # read by parse_chat_options
             continue
         if key in NOOP:
             if not is_noop(value, NOOP[key]):
@@ -73,7 +84,7 @@ def parse_openai_input(route: str, oi: Any, spec) -> None:
         elif RENAMED.get(key, key) in SAMPLING_KEYS:
             sampling[RENAMED.get(key, key)] = value
         else:
-            spec.notes.append(f"openai_input.{clean(key, 100)} is not supported and was ignored")
+            raise unsupported_field(p, key)
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
     sent_as = {new: old for old, new in RENAMED.items() if oi.get(old) is not None}

@@ -9,8 +9,8 @@ from typing import Any
 from engine.sampling_params import REQUEST_FIELDS
 from handler.errors import JobError, invalid
 
-# vLLM names we accept only at their no-op value (logprobs: not returned yet)
-SAMPLING_NOOP = {"n": 1, "best_of": 1, "use_beam_search": False, "logprobs": None, "prompt_logprobs": None}
+# vLLM names we accept only at their no-op value (n, best_of, logprobs, prompt_logprobs: engine fields)
+SAMPLING_NOOP = {"use_beam_search": False}
 # engine.SamplingParams fields a job may set; max_tokens may stay unset (the worker resolves it)
 SAMPLING_KEYS = frozenset(REQUEST_FIELDS) - set(SAMPLING_NOOP)
 

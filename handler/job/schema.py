@@ -8,18 +8,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.validation import is_int, is_number
-from handler.errors import invalid
+from handler.errors import JobError, invalid
 from handler.job.fields import check_json, fingerprint, parse_bool, parse_messages, parse_prompt
 from handler.job.sampling import check_sampling
 from handler.logs import has_control_chars
 from handler.result_cache import ResultKey
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses")
 
 TOP_LEVEL_KEYS = {
     # worker-vllm
     "prompt", "messages", "sampling_params", "stream", "apply_chat_template", "use_openai_format",
     "max_batch_size", "min_batch_size", "batch_size_growth_factor", "openai_route", "openai_input",
+    "route", "method", "body",  # its newer generic proxy form (handler.job.route_body)
     # ours
     "summarize", "on_truncation", "request_id", "priority", "timeout_s", "cache_salt", "tenant",
 }
@@ -68,6 +69,8 @@ class JobSpec:
     batching: StreamBatching | None = None
     summarize: SummarizeSpec | None = None
     include_usage: bool = False  # OpenAI stream_options.include_usage
+    echo: bool = False  # OpenAI completions: the prompt's text (and logprobs) before the completion
+    chat: Any = None  # handler.job.chat_options.ChatOptions: tools, tool_choice, chat_template_kwargs, parsers
     openai_input: bool = False  # its request fields sit under openai_input (an openai_route job)
     fingerprint: str = ""  # hash of the input without request_id (the result cache key)
     notes: list[str] = field(default_factory=list)  # ignored inputs, logged with the job id
@@ -91,7 +94,8 @@ class JobSpec:
             return "summarize.text"
         if name.startswith("messages") and self.apply_chat_template:
             return "prompt"
-        if not name.startswith(("prompt", "messages", "sampling_params")) and not self.openai_input:
+        sampling = name == "prompt_logprobs" or not name.startswith(("prompt", "messages", "sampling_params"))
+        if sampling and not self.openai_input:
             name = "sampling_params." + name
         if self.openai_input:
             return "openai_input" if name == "sampling_params" else "openai_input." + name
@@ -147,6 +151,13 @@ def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
     (also for input over the size limits of handler.limits)."""
     from handler.job.limits import check_limits, precheck_counts
 
+    if isinstance(job_input, dict) and "route" in job_input:  # worker-vllm's route + body form
+        from handler.job.route_body import as_openai_form, named_as_body
+
+        try:
+            return parse_job_input(as_openai_form(job_input, ROUTES), settings)
+        except JobError as exc:
+            raise named_as_body(exc) from None
     precheck_counts(job_input, settings)
     spec = _parse_job_input(job_input, settings)
     check_limits(spec, job_input, settings)

@@ -202,7 +202,7 @@ def build_checkpoint(work: Path, progress: Callable[[str], None] = logger.info) 
     progress(f"AWQ 4-bit quantization on the CPU (group size {QUANT_SETTINGS.group_size}), "
              "a few minutes")
     awq_dir = work / "awq"
-    quantize_into(float_dir, awq_dir, QUANT_SETTINGS)
+    quantize_into(float_dir, awq_dir, QUANT_SETTINGS, progress)  # one line per layer, with the time left
     progress("checking the quantized model against the float one")
     error = logits_rel_error(float_dir, awq_dir)
     if not error <= MAX_LOGITS_REL_ERROR:

@@ -16,9 +16,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from handler.prepare.awq_progress import import_awq, layer_progress
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ def awq_cpu_fix() -> Iterator[None]:
     tensors, so the "restore" brings back scaled weights and the checkpoint is wrong.
     Only active inside the `with` block; AutoAWQ itself is left untouched.
     """
+    import_awq()
     from awq.quantize.quantizer import AwqQuantizer
 
     original = AwqQuantizer._compute_best_scale
@@ -188,7 +191,8 @@ def _check_group_size(src: Path, group_size: int) -> None:
 
 
 def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
-                        settings: QuantSettings | None = None) -> Path:
+                        settings: QuantSettings | None = None,
+                        progress: Callable[[str], None] | None = None) -> Path:
     """AWQ-quantize the checkpoint in `src` into `out` (AutoAWQ GEMM layout) and return `out`.
 
     The result is written to a temporary sibling folder and renamed into place,
@@ -204,7 +208,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        quantize_into(src, tmp, settings)
+        quantize_into(src, tmp, settings, progress)
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -212,13 +216,14 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     return out
 
 
-def quantize_into(src: Path, out: Path, settings: QuantSettings) -> None:
-    """Quantize `src` and save the AutoAWQ checkpoint into `out` (no atomicity: callers rename)."""
+def quantize_into(src: Path, out: Path, settings: QuantSettings,
+                  progress: Callable[[str], None] | None = None) -> None:
+    """Quantize `src` and save the AutoAWQ checkpoint into `out` (no atomicity: callers rename).
+    `progress` hears one line per quantized layer (default: the log)."""
     import torch
     from transformers import AutoTokenizer
 
-    with contextlib.redirect_stdout(sys.stderr):  # AutoAWQ prints a banner on import
-        from awq import AutoAWQForCausalLM
+    AutoAWQForCausalLM = import_awq().AutoAWQForCausalLM
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(src)
@@ -230,10 +235,11 @@ def quantize_into(src: Path, out: Path, settings: QuantSettings) -> None:
     on_cpu = not torch.cuda.is_available()
     # fp16 matmuls are several times slower than fp32 on a CPU; the packed
     # weights and scales come out fp16 either way.
+    dtype = torch.float32 if on_cpu else torch.float16
     model = AutoAWQForCausalLM.from_pretrained(
-        str(src), torch_dtype=torch.float32 if on_cpu else torch.float16,
-        trust_remote_code=False, safetensors=True, device_map=None, use_cache=False)
-    with awq_cpu_fix() if on_cpu else contextlib.nullcontext():
+        str(src), **_dtype_argument(dtype), trust_remote_code=False, safetensors=True, device_map=None,
+        use_cache=False)
+    with awq_cpu_fix() if on_cpu else contextlib.nullcontext(), layer_progress(progress):
         model.quantize(tokenizer, quant_config=settings.awq_config(), calib_data=blocks,
                        max_calib_samples=len(blocks), max_calib_seq_len=settings.seq_len,
                        apply_clip=settings.apply_clip, duo_scaling=settings.duo_scaling)
@@ -242,6 +248,16 @@ def quantize_into(src: Path, out: Path, settings: QuantSettings) -> None:
     tokenizer.save_pretrained(out)
     _tidy_saved(out)
     logger.info("AWQ: quantized in %.0f s", time.monotonic() - started)
+
+
+def _dtype_argument(dtype) -> dict:
+    """The load dtype for AutoAWQ's from_pretrained, which hands unknown keywords on to
+    transformers: `dtype` where transformers knows it (4.56 on; `torch_dtype` is deprecated
+    there), else `torch_dtype`."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
 def _tidy_saved(out: Path) -> None:

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from handler.execution import Completion, JobRequests
+from handler.job.choices import detailed
 from handler.job.retry import EmptyOutputRetry
+from handler.routes.native_choices import native_choice_items
 
 
 async def stream_batches(run: JobRequests, request, engine_request_id: str, wrap: Callable[[str], Any] = str,
@@ -47,12 +49,36 @@ async def stream_batches(run: JobRequests, request, engine_request_id: str, wrap
 
 
 async def generate_items(run: JobRequests, request, engine_request_id: str) -> AsyncIterator[dict]:
+    if detailed(request.params):  # n > 1 or logprobs (handler.routes.native_choices)
+        async for item in native_choice_items(run, request, engine_request_id, stream_batches, final_item):
+            yield item
+        return
     async for kind, value in stream_batches(run, request, engine_request_id):
         if kind == "items":
             yield {"text": "".join(value)}
         else:
             comp, rest = value
             yield final_item(run, comp, "".join(rest) if run.spec.stream else comp.text)
+
+
+async def worker_vllm_items(run: JobRequests, request, engine_request_id: str) -> AsyncIterator[dict]:
+    """OUTPUT_FORMAT=worker-vllm: the items as worker-vllm's own (non-OpenAI) jobs gave them,
+    `{"choices": [{"tokens": [text, ...]}], "usage": {"input", "output"}}`, each streamed item
+    with the usage so far; the failure contract's errors stay ours."""
+    ctx = run.ctx
+
+    def item(texts: list[str]) -> dict:
+        return {"choices": [{"tokens": texts}], "usage": {"input": ctx.prompt_tokens, "output": ctx.completion_tokens}}
+
+    async for kind, value in stream_batches(run, request, engine_request_id):
+        if kind == "items":
+            yield item(value)
+        else:
+            comp, rest = value
+            if not run.spec.stream:
+                yield item([comp.text])
+            elif rest:
+                yield item(rest)
 
 
 def final_item(run: JobRequests, comp: Completion, text: str) -> dict:

@@ -7,7 +7,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from handler.routes.chat_output import chat_output
 from handler.routes.generate import stream_batches
+from handler.routes.openai_choices import choice_output, flat
 
 
 class OpenAIFormatter:
@@ -31,21 +33,25 @@ class OpenAIFormatter:
             out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
         return out
 
-    def response(self, text: str, finish_reason: str, usage: dict) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": self.role, "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def response(self, text: str, finish_reason: str, usage: dict, *, choices: list[tuple] | None = None) -> dict:
+        """`choices`: (index, text, finish_reason, logprobs) of each (handler.routes.openai_choices)."""
+        out = []
+        for index, ctext, reason, logprobs in choices or [(0, text, finish_reason, None)]:
+            if self.chat:
+                out.append({"index": index, "message": {"role": self.role, "content": ctext}, "logprobs": logprobs,
+                            "finish_reason": reason})
+            else:
+                out.append({"index": index, "text": ctext, "logprobs": logprobs, "finish_reason": reason})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
+                "created": self.created, "model": self.model, "choices": out, "usage": usage}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, first: bool = False) -> dict:
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, first: bool = False, index: int = 0,
+              logprobs: dict | None = None) -> dict:
         if self.chat:
             delta: dict = {"role": self.role, "content": text or ""} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice]}
 
@@ -83,17 +89,21 @@ async def openai_items(run, request, engine_request_id: str, model: str) -> Asyn
     spec, settings = run.spec, run.settings
     fmt = OpenAIFormatter(spec.route, run.ctx.id, model, role=settings.openai_response_role,
                           raw=settings.raw_openai_output, include_usage=spec.include_usage)
-    head = (fmt.chunk("", first=True),) if fmt.chat else ()
-    async for kind, value in stream_batches(run, request, engine_request_id, fmt.chunk, head):
+    fmt = chat_output(fmt, spec)  # reasoning and tool calls parsed out (handler.routes.chat_output)
+    choices = choice_output(run, fmt, request)  # n > 1, logprobs, echo (handler.routes.openai_choices)
+    head = choices.head() if choices else ((fmt.chunk("", first=True),) if fmt.chat else ())
+    wrap = choices.chunks if choices else fmt.chunk
+    async for kind, value in stream_batches(run, request, engine_request_id, wrap, head):
         if kind == "items":
-            yield fmt.pack(value)
+            yield fmt.pack(flat(value))
             continue
         comp, chunks = value
+        chunks = flat(chunks)
         usage = fmt.usage(comp.prompt_tokens, comp.completion_tokens, comp.cached_tokens)
         if not spec.stream:
-            yield fmt.response(comp.text, comp.finish_reason, usage)
+            yield fmt.response(comp.text, comp.finish_reason, usage, choices=choices.rows(comp) if choices else None)
             return
-        chunks.append(fmt.chunk(None, comp.finish_reason))
+        chunks += choices.finish_chunks(comp) if choices else [fmt.chunk(None, comp.finish_reason)]
         if spec.include_usage:
             chunks.append(fmt.usage_chunk(usage))
         yield fmt.pack(chunks, done=True)

@@ -15,8 +15,15 @@ Each document gets one line in --out: {"doc", "status": ok|truncated|failed, "su
 "usage", "error", ...}. A rerun with the same --out skips documents already done (same name, same
 content) and retries the failed ones. Local mode uses the worker's settings (MODEL_NAME, MAX_MODEL_LEN,
 ...); endpoint mode needs RUNPOD_API_KEY (or --api-key), RUNPOD_ENDPOINT_BASE_URL changes the API's
-address. Exit status: 0 all done, 1 some failed, 2 the run could not start, 130 interrupted.
+address.
+
+Exit status: 0 every document done; 1 some document failed and a rerun retries it; 3 every document
+that can be read is done, but some can never succeed as they are (empty, binary, not UTF-8, a bad
+JSONL record, a repeated name, a link out of the folder: fix or remove them, or pass
+--skip-unreadable, which leaves them out and exits 0); 2 the run could not start; 130 interrupted.
 """
+EXIT_FAILED = 1  # a document failed; a rerun retries it
+EXIT_UNREADABLE = 3  # only documents that can never succeed as they are failed
 
 
 def _positive(kind):
@@ -35,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                    help='files, folders (read recursively) or .jsonl files of {"id", "text"} records')
     p.add_argument("--follow-links", action="store_true", help="in a folder, also read symbolic links that lead "
                    "out of it (default: such a link is a failed document)")
+    p.add_argument("--skip-unreadable", action="store_true", help="leave out documents that can never succeed "
+                   "as they are (empty, binary, undecodable, ...): no line in --out, exit 0 (default: a failed "
+                   "line each, exit 3)")
     p.add_argument("--out", required=True, help="results JSONL (appended to; a rerun resumes from it)")
     p.add_argument("--report", help="also write a Markdown report of every document here")
     p.add_argument("--endpoint", metavar="ID", help="RunPod endpoint id; without it, the local engine runs here")
@@ -116,8 +126,13 @@ def _main(args: argparse.Namespace) -> int:
         docs = collect(args.inputs, exclude=[args.out, args.report], follow_links=args.follow_links)
     except InputError as exc:
         return fail(str(exc))
+    skipped = [d for d in docs if d.error is not None] if args.skip_unreadable else []
+    if skipped:
+        docs = [d for d in docs if d.error is None]
+        notify(f"left out {len(skipped)} documents that cannot be read (--skip-unreadable): " + ", ".join(
+            f"{d.doc} ({d.error['code']})" for d in skipped[:10]) + (", ..." if len(skipped) > 10 else ""))
     if not docs:
-        return fail("no documents in " + ", ".join(args.inputs))
+        return fail("no documents in " + ", ".join(args.inputs) + (" that can be read" if skipped else ""))
     try:
         if args.endpoint:
             from handler.summarize.endpoint import EndpointRunner
@@ -164,9 +179,19 @@ def _main(args: argparse.Namespace) -> int:
     cancelled = getattr(runner, "cancelled", None)
     if cancelled:
         print(f"  cancelled {len(cancelled)} jobs in flight on the endpoint", flush=True)
-    if rc == 0 and failed:
-        rc = 1
-    return rc
+    return rc or _exit_status(docs, failed)
+
+
+def _exit_status(docs, failed: list[dict]) -> int:
+    """0 none failed; EXIT_UNREADABLE when every failure is a document that could not be read."""
+    if not failed:
+        return 0
+    unreadable = {d.doc for d in docs if d.error is not None}
+    if all(line["doc"] in unreadable for line in failed):
+        print(f"  {len(failed)} documents can never succeed as they are (exit status {EXIT_UNREADABLE}); "
+              "--skip-unreadable leaves them out", flush=True)
+        return EXIT_UNREADABLE
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

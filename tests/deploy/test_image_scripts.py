@@ -131,7 +131,7 @@ def test_bake_refuses_what_the_engine_would_refuse(bake_model, tiny_checkpoint, 
     with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
         bake_model.bake(tmp_path / "b", str(pickled), None, None, token=None)
     with pytest.raises(SystemExit, match="QUANTIZATION"):
-        bake_model.bake(tmp_path / "c", str(tiny_checkpoint), None, "gptq", token=None)
+        bake_model.bake(tmp_path / "c", str(tiny_checkpoint), None, "bitsandbytes", token=None)
     assert not any(p.name in ("a", "b", "c") or p.name.startswith(".") for p in tmp_path.iterdir()
                    if p.name != "pickled"), "a failed bake leaves nothing behind"
 

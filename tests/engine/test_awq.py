@@ -97,7 +97,7 @@ def test_autoawq_checkpoint_matches_hf_dequantized(awq_pair):
         with torch.no_grad():  # teacher-forced: HF scores our continuation
             logprobs = hf(torch.tensor([ids + gen])).logits[0].log_softmax(-1)[len(ids) - 1 : -1]
         assert gen == logprobs.argmax(-1).tolist(), prompt  # each token is HF's greedy choice
-        ours = torch.tensor([lp[t] for lp, t in zip(out.outputs[0].logprobs, gen)])
+        ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)])
         torch.testing.assert_close(ours, logprobs[torch.arange(len(gen)), gen], rtol=0, atol=1e-4)
 
 
@@ -116,4 +116,4 @@ def test_awq_gemm_path_equals_dense_path(awq_pair, monkeypatch):
     for a, b in zip(gemm.logprobs, dense.logprobs):
         assert a.keys() == b.keys()
         for k in a:
-            assert abs(a[k] - b[k]) < 1e-4
+            assert abs(a[k].logprob - b[k].logprob) < 1e-4

@@ -75,7 +75,7 @@ def test_sharded_checkpoint_with_index(tiny_llama_dir, tmp_path):
     (lambda c: c.update(architectures=["GPT2LMHeadModel"]), "architecture 'GPT2LMHeadModel'"),
     (lambda c: c["rope_parameters"].update(rope_type="dynamic"), "rope scaling 'dynamic'"),
     (lambda c: c.update(architectures=["Gemma3ForConditionalGeneration"]), "architecture 'Gemma3ForConditionalGeneration'"),
-    (lambda c: c.update(quantization_config={"quant_method": "gptq", "bits": 4}), "quantization method 'gptq'"),
+    (lambda c: c.update(quantization_config={"quant_method": "bitsandbytes"}), "quantization method 'bitsandbytes'"),
     (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 8, "group_size": 128}), "8 bits"),
     (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4, "group_size": 96}), "group size 96"),
     (lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128,

@@ -49,7 +49,7 @@ def test_awq_checkpoint_matches_hf_with_its_dequantized_weights(awq_model):
     for ids, out in zip(prompts, outs):
         gen, logprobs = _teacher_forced(hf, out, ids)
         assert gen == logprobs.argmax(-1).tolist(), f"prompt of {len(ids)}"
-        ours = torch.tensor([lp[t] for lp, t in zip(out.outputs[0].logprobs, gen)])
+        ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)])
         torch.testing.assert_close(ours, logprobs[torch.arange(len(gen)), gen], rtol=0, atol=1e-4)
 
 

@@ -307,7 +307,7 @@ def test_awq_experts_match_transformers_dequantized(awq_pair):
         with torch.no_grad():  # teacher-forced: transformers scores our continuation
             logprobs = hf(torch.tensor([ids + gen])).logits[0].log_softmax(-1)[len(ids) - 1 : -1]
         assert gen == logprobs.argmax(-1).tolist(), f"prompt of {len(ids)} tokens"
-        ours = torch.tensor([lp[t] for lp, t in zip(out.outputs[0].logprobs, gen)])
+        ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)])
         torch.testing.assert_close(ours, logprobs[torch.arange(len(gen)), gen], rtol=0, atol=1e-4)
 
 

@@ -85,7 +85,7 @@ def test_a_registered_architecture_generates_what_its_model_computes(fake_ckpt):
         with torch.no_grad():  # teacher-forced: the reference scores our continuation
             logprobs = reference_logits(tensors, spec, prompt + gen).log_softmax(-1)[len(prompt) - 1 : -1]
         assert len(gen) == 8 and gen == logprobs.argmax(-1).tolist()
-        ours = torch.tensor([lp[t] for lp, t in zip(out.outputs[0].logprobs, gen)])
+        ours = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)])
         torch.testing.assert_close(ours, logprobs[torch.arange(len(gen)), gen], rtol=0, atol=1e-4)
 
 
@@ -112,6 +112,7 @@ def test_unsupported_quantization_lists_the_methods(tiny_llama_dir, tmp_path):
 
     bad = shutil.copytree(tiny_llama_dir, tmp_path / "gptq")
     cfg = json.load(open(bad / "config.json"))
-    json.dump({**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4}}, open(bad / "config.json", "w"))
-    with pytest.raises(UnsupportedModelError, match=r"quantization method 'gptq' is not supported \(\['awq'\]\)"):
+    json.dump({**cfg, "quantization_config": {"quant_method": "bitsandbytes"}}, open(bad / "config.json", "w"))
+    with pytest.raises(UnsupportedModelError, match=r"quantization method 'bitsandbytes' \(quantization_config.quant_method\) "
+                       r"is not supported \(awq, compressed-tensors, fp8, gptq\)"):
         read_model_spec(str(bad))

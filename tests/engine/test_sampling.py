@@ -16,7 +16,7 @@ def llm(tiny_llama_dir):
 @pytest.mark.parametrize("field,value", [
     ("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2), ("max_tokens", 0),
     ("repetition_penalty", 0), ("presence_penalty", 3), ("frequency_penalty", -3), ("seed", -1),
-    ("stop", [""]), ("stop_token_ids", [-1]), ("logprobs", 50), ("min_tokens", -1), ("temperature", float("nan")),
+    ("stop", [""]), ("stop_token_ids", [-1]), ("logprobs", 2000), ("min_tokens", -1), ("temperature", float("nan")),
     ("max_tokens", "10"), ("ignore_eos", "yes"),
     # every field's type: a string "false" is not false, a dict is not a list, 1.0 is not 1
     ("skip_special_tokens", "no"), ("skip_special_tokens", 0), ("include_stop_str_in_output", "false"),
@@ -107,9 +107,9 @@ def test_logprobs_are_normalized_and_include_sampled(llm):
     assert len(out.logprobs) == 5
     for tok, lp in zip(out.token_ids, out.logprobs):
         assert tok in lp and len(lp) in (3, 4)
-        assert max(lp.values()) == lp[tok]  # greedy picks the top one
-        assert all(v <= 0 for v in lp.values())
-    assert math.isclose(out.cumulative_logprob, sum(lp[t] for t, lp in zip(out.token_ids, out.logprobs)), rel_tol=1e-5)
+        assert max(v.logprob for v in lp.values()) == lp[tok].logprob and lp[tok].rank == 1  # greedy: the top one
+        assert all(v.logprob <= 0 for v in lp.values())
+    assert math.isclose(out.cumulative_logprob, sum(lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)), rel_tol=1e-5)
 
 
 def test_chat_applies_the_template(llm):

@@ -62,8 +62,8 @@ def _assert_same(outs_one, outs_two):
     for a, b in zip(outs_one, outs_two, strict=True):
         ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
         assert ta == tb, f"prompt of {len(a.prompt_token_ids)} tokens"
-        la = torch.tensor([lp[t] for lp, t in zip(a.outputs[0].logprobs, ta)])
-        lb = torch.tensor([lp[t] for lp, t in zip(b.outputs[0].logprobs, tb)])
+        la = torch.tensor([lp[t].logprob for lp, t in zip(a.outputs[0].logprobs, ta)])
+        lb = torch.tensor([lp[t].logprob for lp, t in zip(b.outputs[0].logprobs, tb)])
         torch.testing.assert_close(lb, la, rtol=0, atol=1e-4)
         assert a.num_cached_tokens == b.num_cached_tokens
 

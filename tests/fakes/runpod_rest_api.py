@@ -7,52 +7,26 @@ import contextlib
 import json
 import threading
 import time
-import traceback
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
+from handler.serve.job_queue import JobQueue
+from handler.serve.jobs import CANCELLED, FINAL, NOT_FOUND, Job, JobStore
+from handler.serve.sdk_job import run_job
+
 MAX_BODY = 10 * 1024 * 1024  # RunPod's payload limit for /run
-
-
-@dataclass
-class RestJob:
-    id: str
-    input: Any
-    status: str = "IN_QUEUE"
-    stream: list = field(default_factory=list)  # items the handler yielded, in order
-    sent: int = 0  # stream items already returned by /stream
-    output: Any = None
-    error: str | None = None
-    worker: str = "main"  # which worker ran it ("main", or "oom" for an injected failure)
-    created: float = field(default_factory=time.monotonic)
-    started: float | None = None
-    finished: float | None = None
-    task: Any = None  # the concurrent.futures.Future of its run on the loop
-
-    def view(self) -> dict:
-        """What GET /v2/{endpoint}/status/{id} answers."""
-        out: dict[str, Any] = {"id": self.id, "status": self.status}
-        if self.status == "COMPLETED":
-            out["output"] = self.output
-        if self.status == "FAILED":
-            out["error"] = self.error
-        if self.started is not None:
-            out["delayTime"] = int((self.started - self.created) * 1000)
-            if self.finished is not None:
-                out["executionTime"] = int((self.finished - self.started) * 1000)
-        return out
+RestJob = Job  # the package's job, as the local endpoint (`python -m handler --serve`) keeps it
 
 
 class FakeRestAPI:
     """`make_worker(**env)` builds a handler Worker (env: settings overrides); jobs run on one
     such worker, `concurrency` at a time, as the runpod SDK runs an async-generator handler with
     return_aggregate_stream. `fail_with_oom(predicate)` makes the next matching jobs run on a
-    fresh worker whose engine injects a CUDA out-of-memory error into that job (FAULT_INJECTION)."""
+    fresh worker whose engine injects a CUDA out-of-memory error into that job (FAULT_INJECTION).
+    The jobs, their views and their end by the SDK's rules are the package's (handler.serve), as
+    the local endpoint keeps them; the transport (threads, auth, one endpoint id) is the fake's."""
 
     def __init__(self, make_worker: Callable[..., Any], *, api_key: str = "test-key", endpoint: str = "ep-test",
                  concurrency: int = 8):
@@ -60,25 +34,27 @@ class FakeRestAPI:
         self.api_key = api_key
         self.endpoint = endpoint
         self.concurrency = concurrency
-        self.jobs: dict[str, RestJob] = {}
+        self.store = JobStore()
+        self.jobs: dict[str, RestJob] = self.store.jobs
         self.calls: list[tuple[str, str]] = []  # (method, route) of every request
         self.violations: list[str] = []
-        self.lock = threading.Lock()
+        self.lock = self.store.lock
         self._oom_rules: list[list] = []  # [predicate(job_input), times left]
         self.held = False  # while True, jobs stay IN_QUEUE (no worker free)
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: ThreadingHTTPServer | None = None
         self._worker = None
-        self._slots: asyncio.Semaphore | None = None
+        self._queue: JobQueue | None = None
 
     # -- the test's side ------------------------------------------------------------------
     def start(self) -> FakeRestAPI:
         self._loop_thread.start()
 
         async def setup():
-            self._slots = asyncio.Semaphore(self.concurrency)
             self._worker = self.make_worker()
+            self._queue = _FakeQueue(self)
+            self._queue.start()
             # load its engine now (a fresh fault-injection worker may load beside it later; two
             # first loads at once in two threads race in transformers' lazy imports)
             warm = {"id": "warmup", "input": {"prompt": "hi", "sampling_params": {"max_tokens": 1}}}
@@ -143,20 +119,15 @@ class FakeRestAPI:
         with self.lock:
             self._oom_rules.append([predicate, times])
 
-    def submit(self, job_input: Any) -> str:
-        job = RestJob(f"{uuid.uuid4().hex[:12]}-e1", job_input)
-        with self.lock:
-            self.jobs[job.id] = job
-        job.task = asyncio.run_coroutine_threadsafe(self._execute(job), self._loop)
+    def submit(self, job_input: Any, sync: bool = False) -> str:
+        job = self.store.new(job_input, sync=sync)
+        self._loop.call_soon_threadsafe(self._queue.submit, job)
         return job.id
 
     def cancel(self, job_id: str) -> dict:
-        with self.lock:
-            job = self.jobs[job_id]
-            if job.status not in FINAL:
-                job.status, job.finished = "CANCELLED", time.monotonic()
-        if job.task is not None:
-            job.task.cancel()
+        job = self.jobs[job_id]
+        self.store.end(job, CANCELLED)  # at once, as RunPod marks it; the worker's task is cancelled next
+        self._loop.call_soon_threadsafe(self._queue.cancel, job)
         return {"id": job_id, "status": job.status}
 
     def statuses(self) -> dict[str, str]:
@@ -174,13 +145,7 @@ class FakeRestAPI:
             return self.jobs[job_id].view()
 
     def health(self) -> dict:
-        with self.lock:
-            states = [j.status for j in self.jobs.values()]
-        running = states.count("IN_PROGRESS")
-        return {"jobs": {"completed": states.count("COMPLETED"), "failed": states.count("FAILED"),
-                         "inProgress": running, "inQueue": states.count("IN_QUEUE"), "retried": 0},
-                "workers": {"idle": 0 if running else 1, "running": 1 if running else 0, "initializing": 0,
-                            "ready": 1, "throttled": 0, "unhealthy": 0}}
+        return self.store.health()
 
     # -- running a job, as the SDK's worker loop would ----------------------------------------
     def _pick_worker(self, job: RestJob) -> tuple[Any, bool]:
@@ -195,39 +160,15 @@ class FakeRestAPI:
             return self.make_worker(FAULT_INJECTION=json.dumps(fault)), True
         return self._worker, False
 
-    async def _execute(self, job: RestJob) -> None:
-        while self.held:
-            await asyncio.sleep(0.02)
-        async with self._slots:
-            with self.lock:
-                if job.status != "IN_QUEUE":
-                    return
-                job.status, job.started = "IN_PROGRESS", time.monotonic()
-            worker, temporary = self._pick_worker(job)
-            try:
-                async with contextlib.aclosing(worker.handle({"id": job.id, "input": job.input})) as items:
-                    async for item in items:
-                        if isinstance(item, dict) and item.get("error"):
-                            # the SDK: an error item ends the stream, is not streamed, fails the job
-                            return self._end(job, "FAILED", error=str(item["error"]))
-                        with self.lock:
-                            job.stream.append(item)
-                self._end(job, "COMPLETED", output=list(job.stream))
-            except asyncio.CancelledError:
-                self._end(job, "CANCELLED")
-                raise
-            except Exception as exc:  # noqa: BLE001 - as the SDK reports a raised exception
-                self._end(job, "FAILED", error=json.dumps({"error_type": str(type(exc)), "error_message": str(exc),
-                                                           "error_traceback": traceback.format_exc()}))
-            finally:
-                if temporary:
-                    await worker.aclose()
-
-    def _end(self, job: RestJob, status: str, output: Any = None, error: str | None = None) -> None:
-        with self.lock:
-            if job.status in FINAL:
-                return
-            job.status, job.output, job.error, job.finished = status, output, error, time.monotonic()
+    async def execute(self, job: RestJob) -> None:
+        if job.status != "IN_QUEUE":  # cancelled before it started
+            return
+        worker, temporary = self._pick_worker(job)
+        try:
+            await run_job(worker.handle, job, self.store, job.worker)
+        finally:
+            if temporary:
+                await worker.aclose()
 
     # -- HTTP --------------------------------------------------------------------------------
     def _dispatch(self, req: BaseHTTPRequestHandler, method: str) -> None:
@@ -253,23 +194,21 @@ class FakeRestAPI:
                 return self._reply(req, 400, {"error": "body is not JSON"})
             if not isinstance(payload, dict) or "input" not in payload:
                 return self._reply(req, 400, {"error": "body must be an object with input"})
-            jid = self.submit(payload["input"])
+            jid = self.submit(payload["input"], sync=route == "runsync")
             if route == "run":
                 return self._reply(req, 200, {"id": jid, "status": "IN_QUEUE"})
             return self._reply(req, 200, self.wait_final(jid, 30))
         if method == "GET" and route == "health" and job_id is None:
             return self._reply(req, 200, self.health())
-        with self.lock:
-            job = self.jobs.get(job_id or "")
+        job = self.store.get(job_id or "")
         if job is None:
-            return self._reply(req, 404, {"error": f"job not found: {job_id}"})
+            return self._reply(req, 404, NOT_FOUND)
         if method == "GET" and route == "status":
             with self.lock:
                 return self._reply(req, 200, job.view())
         if method == "GET" and route == "stream":
             with self.lock:
-                new, job.sent = job.stream[job.sent:], len(job.stream)
-                view = {"id": job.id, "status": job.status, "stream": [{"output": item} for item in new]}
+                view = job.take_stream()
             return self._reply(req, 200, view)
         if method == "POST" and route == "cancel":
             return self._reply(req, 200, self.cancel(job.id))
@@ -284,3 +223,15 @@ class FakeRestAPI:
         req.send_header("Content-Length", str(len(data)))
         req.end_headers()
         req.wfile.write(data)
+
+
+class _FakeQueue(JobQueue):
+    """The package's job queue at the fake's concurrency (none while `held`), a job on the worker
+    the fake picks for it."""
+
+    def __init__(self, api: FakeRestAPI):
+        super().__init__(api.store, api.worker.handle, lambda current: 0 if api.held else api.concurrency)
+        self.api = api
+
+    async def execute(self, job: RestJob) -> None:
+        await self.api.execute(job)

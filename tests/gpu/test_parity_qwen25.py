@@ -93,7 +93,7 @@ def _compare(ours_path, ref_path):
         lp16 = ref16(ids).logits[0].float().log_softmax(-1)[len(prompt) - 1 : -1]
         pos = torch.arange(len(gen), device="cuda")
         gen_t = torch.tensor(gen, device="cuda")
-        ours = torch.tensor([d[t] for d, t in zip(out.outputs[0].logprobs, gen)], device="cuda")
+        ours = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, gen)], device="cuda")
         d_ours.append((ours - lp32[pos, gen_t]).abs())
         d_hf16.append((lp16[pos, gen_t] - lp32[pos, gen_t]).abs())
         top2 = lp32.topk(2, dim=-1).values

@@ -154,7 +154,7 @@ def test_overloaded_documents_go_to_the_fallback_endpoint(endpoint_env, endpoint
     assert "served_by" not in alone
 
     busy_before, fallback_before = len(primary.jobs), len(fallback.jobs)
-    assert summarize("notes", "--out", "r.jsonl", "--endpoint", "ep-busy", "--fallback-endpoint", "ep-fallback") == 1
+    assert summarize("notes", "--out", "r.jsonl", "--endpoint", "ep-busy", "--fallback-endpoint", "ep-fallback") == 3
     lines = by_doc(read_lines(endpoint_env / "r.jsonl"))
     for doc in ("notes/standup.md", "notes/회의록.txt", "notes/archive/long.md"):
         check_line(lines[doc], "summary")

@@ -52,16 +52,47 @@ class PagedAttention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else float(scale)
         self.sliding_window, self.softcap = sliding_window, softcap
         self.k_cache = self.v_cache = None  # set by the runner
+        # per-tensor scales of an FP8 cache: the checkpoint's (k_scale / v_scale tensors,
+        # 1.0 without them), applied by the runner when it allocates an FP8 cache
+        self.checkpoint_scales = {"k_scale": 1.0, "v_scale": 1.0}
+        self.k_scale = self.v_scale = 1.0
+        self.loaded: set[str] = set()
+
+    # a loadable module for engine.model.loader: the optional KV-cache scales
+    def expected(self) -> set[str]:
+        return set()
+
+    def load(self, shard: int, name: str, tensor: torch.Tensor) -> None:
+        names = ("k_scale", "v_scale") if name == "kv_scale" else (name,)  # kv_scale: vLLM's older single scale
+        if any(n not in self.checkpoint_scales for n in names):
+            raise KeyError(name)
+        if tensor.numel() != 1:
+            raise ValueError(f"a per-tensor {name} is one number, got shape {tuple(tensor.shape)}")
+        value = float(tensor.float().reshape(-1)[0])
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+        for n in names:
+            self.checkpoint_scales[n] = value
+            self.loaded.add(n)
+
+    def finalize(self) -> None:
+        pass
+
+    def use_cache_scales(self, fp8: bool) -> None:
+        """The scales the kernels apply: the checkpoint's for an FP8 cache, none otherwise."""
+        self.k_scale, self.v_scale = ((self.checkpoint_scales["k_scale"], self.checkpoint_scales["v_scale"])
+                                      if fp8 else (1.0, 1.0))
 
     def forward(self, q, k, v):
         ctx = get_forward_context()
-        kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale, self.v_scale)
+        opts = dict(sliding_window=self.sliding_window, softcap=self.softcap, k_scale=self.k_scale,
+                    v_scale=self.v_scale)
         if ctx.is_decode:
             return kernels.paged_decode_attention(
-                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale,
-                sliding_window=self.sliding_window, softcap=self.softcap,
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, **opts,
             )
         return kernels.paged_prefill_attention(
             q, self.k_cache, self.v_cache, ctx.block_tables, ctx.query_start_loc, ctx.context_lens, self.scale,
-            max_query_len=ctx.max_query_len or None, sliding_window=self.sliding_window, softcap=self.softcap,
+            max_query_len=ctx.max_query_len or None, **opts,
         )

@@ -53,6 +53,9 @@ class FusedMoE(nn.Module):
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.prefix = prefix
         self.quant = quant if quant is not None and quant.covers(prefix + "experts") else None
+        if self.quant is not None and self.quant.name != "awq":  # before any weight is read
+            raise UnsupportedModelError(f"{prefix}experts: {self.quant.name} mixture-of-experts weights are not "
+                                        "supported (AWQ only)")
         self.loaded: set = set()
         self.dense = None  # AWQ on the CPU: the dequantized (w13, w2)
         E, H, inter = num_experts, hidden_size, intermediate_size

@@ -87,7 +87,7 @@ def test_right_types_pass_as_given():
         "max_tokens": 5, "temperature": 0, "top_p": 1, "stop": "END", "stop_token_ids": [7],
         "skip_special_tokens": False, "include_stop_str_in_output": True, "n": 1, "use_beam_search": False}}, S)
     assert spec.sampling == {"max_tokens": 5, "temperature": 0, "top_p": 1, "stop": "END", "stop_token_ids": [7],
-                             "skip_special_tokens": False, "include_stop_str_in_output": True}
+                             "skip_special_tokens": False, "include_stop_str_in_output": True, "n": 1}
 
 
 @pytest.mark.parametrize("field,value", [("skip_special_tokens", "no"), ("include_stop_str_in_output", "false"),

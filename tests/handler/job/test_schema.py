@@ -23,7 +23,7 @@ def test_worker_vllm_prompt_shape():
                             "stream": True, "max_batch_size": 8, "min_batch_size": 2,
                             "batch_size_growth_factor": 2}, S)
     assert spec.route == "generate" and spec.prompt == "Hi" and spec.stream
-    assert spec.sampling == {"max_tokens": 5, "temperature": 0}
+    assert spec.sampling == {"max_tokens": 5, "temperature": 0, "n": 1}
     sizes = spec.batching.sizes()
     assert [next(sizes) for _ in range(5)] == [2, 4, 8, 8, 8]
 
@@ -46,11 +46,10 @@ def test_max_tokens_stays_unset_when_missing():
 def test_openai_routes():
     spec = parse_job_input({"openai_route": "/v1/chat/completions", "openai_input": {
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7,
-        "stop": "END", "stream": True, "stream_options": {"include_usage": True}, "user": "u", "n": 1,
-        "frobnicate": 3}}, S)
+        "stop": "END", "stream": True, "stream_options": {"include_usage": True}, "user": "u", "n": 1}}, S)
     assert spec.route == "/v1/chat/completions" and spec.stream and spec.include_usage
-    assert spec.sampling == {"max_tokens": 7, "stop": ["END"]}
-    assert spec.notes == ["openai_input.frobnicate is not supported and was ignored"]
+    assert spec.sampling == {"max_tokens": 7, "stop": ["END"], "n": 1}
+    assert spec.notes == []
     spec = parse_job_input({"openai_route": "/v1/completions", "openai_input": {"prompt": ["Once"]}}, S)
     assert spec.prompt == "Once" and not spec.stream
     assert parse_job_input({"openai_route": "/v1/models"}, S).route == "/v1/models"
@@ -80,8 +79,8 @@ def test_fingerprint_ignores_request_id_only():
     ({"prompt": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
     ({"prompt": "a", "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
     ({"prompt": "a", "sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens"),
-    ({"prompt": "a", "sampling_params": {"best_of": 3}}, "sampling_params.best_of"),
-    ({"prompt": "a", "sampling_params": {"logit_bias": {}}}, "sampling_params.logit_bias"),
+    ({"prompt": "a", "sampling_params": {"n": 3, "best_of": 2}}, "sampling_params.best_of"),
+    ({"prompt": "a", "sampling_params": {"logit_bias": {"1": 101}}}, "sampling_params.logit_bias"),
     ({"prompt": "a", "sampling_params": "hot"}, "sampling_params"),
     ({"prompt": "a", "stream": "yes"}, "stream"),
     ({"prompt": "a", "on_truncation": "ignore"}, "on_truncation"),
@@ -98,9 +97,11 @@ def test_fingerprint_ignores_request_id_only():
     ({"openai_route": "/v1/chat/completions", "openai_input": {}}, "openai_input.messages"),
     ({"openai_route": "/v1/chat/completions", "prompt": "x", "openai_input": {}}, "prompt"),
     ({"openai_route": "/v1/chat/completions", "openai_input": {"messages": [{"role": "user", "content": "x"}],
-                                                               "n": 2}}, "openai_input.n"),
+                                                               "n": 0}}, "openai_input.n"),
     ({"openai_route": "/v1/chat/completions", "openai_input": {"messages": [{"role": "user", "content": "x"}],
-                                                               "tools": [{"type": "function"}]}}, "openai_input.tools"),
+                                                               "tools": [{"type": "function"}]}}, "openai_input.tools[0].function"),
+    ({"openai_route": "/v1/chat/completions", "openai_input": {"messages": [{"role": "user", "content": "x"}],
+                                                               "frobnicate": 3}}, "openai_input.frobnicate"),
     ({"openai_route": "/v1/completions", "openai_input": {"prompt": ["a", "b"]}}, "openai_input.prompt"),
     ({"openai_route": "/v1/completions", "openai_input": {"prompt": "a", "temperature": "hot"}},
      "openai_input.temperature"),

@@ -234,3 +234,32 @@ def test_cli_refuses_existing_output(tiny_model, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "handler.prepare.quantize", str(tiny_model), str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+def test_quantization_reports_each_layer_with_the_time_left(tiny_model, tmp_path):
+    messages: list[str] = []
+    Q.quantize_checkpoint(tiny_model, tmp_path / "awq", SMALL, progress=messages.append)
+    layers = [m for m in messages if m.startswith("AWQ layer")]
+    assert [m.split(" quantized")[0] for m in layers] == ["AWQ layer 1 of 2", "AWQ layer 2 of 2"]
+    assert all(" a layer, about " in m and m.endswith(" left)") for m in layers), layers
+    assert layers[-1].endswith("about 0 s left)")
+
+
+def test_the_cli_shows_layers_and_no_third_party_banner(tiny_model, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "handler.prepare.quantize", str(tiny_model), str(tmp_path / "q"),
+                           "--samples", "4", "--seq-len", "32"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "AWQ layer 2 of 2 quantized" in proc.stderr  # one log line a layer, also when stderr is a file
+    assert "AutoAWQ is officially deprecated" not in proc.stderr and "final dev message" not in proc.stderr
+    assert "torch_dtype" not in proc.stderr  # transformers' deprecation of the old keyword: we pass dtype
+
+
+def test_only_the_autoawq_banner_is_filtered():
+    code = ("import warnings\nfrom handler.prepare.awq_progress import import_awq\nimport_awq()\n"
+            "warnings.warn('a real deprecation', DeprecationWarning)\n"
+            "import awq.utils\nwarnings.warn_explicit('elsewhere', DeprecationWarning, 'x.py', 1, module='other')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "final dev message" not in proc.stderr
+    assert "a real deprecation" in proc.stderr  # __main__'s own warnings still show, as Python's defaults say
+    assert "elsewhere" not in proc.stderr  # and AutoAWQ no longer turns every package's deprecations on

@@ -41,7 +41,7 @@ def test_a_folder_and_a_jsonl_give_one_line_per_document(local_env, capsys):
 
     rc = summarize("notes", "memos.jsonl", "--out", "results.jsonl", "--report", "report.md", "--concurrency", "4")
 
-    assert rc == 1  # some documents failed
+    assert rc == 3  # only documents that can never succeed failed (empty, binary, a bad record)
     lines = by_doc(read_lines(local_env / "results.jsonl"))
     expected = {**EXPECTED, "memo-1": "summary", "memo-2": "empty_document", "memos.jsonl:3": "bad_record",
                 "메모-3": "summary"}
@@ -64,12 +64,12 @@ def test_a_folder_and_a_jsonl_give_one_line_per_document(local_env, capsys):
 
 def test_a_rerun_skips_finished_documents_and_redoes_changed_ones(local_env, jobs_run):
     notes = make_notes(local_env)
-    assert summarize("notes", "--out", "results.jsonl") == 1
+    assert summarize("notes", "--out", "results.jsonl") == 3
     first = by_doc(read_lines(local_env / "results.jsonl"))
     assert len(jobs_run) == 3  # the three text documents; empty and binary ones fail before any job
     jobs_run.clear()
 
-    assert summarize("notes", "--out", "results.jsonl") == 1
+    assert summarize("notes", "--out", "results.jsonl") == 3
     assert jobs_run == []  # nothing done again; the failed ones were retried (and fail the same way)
     second = by_doc(read_lines(local_env / "results.jsonl"))
     assert set(second) == set(first)
@@ -79,7 +79,7 @@ def test_a_rerun_skips_finished_documents_and_redoes_changed_ones(local_env, job
         check_line(second[doc], outcome)
 
     (notes / "standup.md").write_text(ENGLISH + "- New: the launch moves to April 16.\n", encoding="utf-8")
-    assert summarize("notes", "--out", "results.jsonl") == 1
+    assert summarize("notes", "--out", "results.jsonl") == 3
     assert len(jobs_run) == 1 and "April 16" in jobs_run[0]  # same path, new content: done again
     third = by_doc(read_lines(local_env / "results.jsonl"))
     assert set(third) == set(first)
@@ -131,3 +131,32 @@ def test_python_dash_m_runs_the_command(local_env):
     missing = subprocess.run([sys.executable, "-m", "handler.summarize", "nowhere", "--out", "r.jsonl"],
                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3], timeout=60)
     assert missing.returncode == 2 and "nowhere: no such file or folder" in missing.stderr
+
+
+def test_documents_that_can_never_succeed_have_an_exit_status_of_their_own(local_env, jobs_run, capsys):
+    make_notes(local_env)
+    assert summarize("notes", "--out", "r.jsonl") == 3  # the summaries are done; empty.txt and logo.png never can be
+    assert "--skip-unreadable leaves them out" in capsys.readouterr().out
+    assert summarize("notes", "--out", "r.jsonl") == 3  # a rerun: the same, and no job run again
+    assert len(jobs_run) == 3
+
+    # --skip-unreadable: they are left out (no line of their own), the run is a success
+    assert summarize("notes", "--out", "s.jsonl", "--skip-unreadable") == 0
+    assert set(by_doc(read_lines(local_env / "s.jsonl"))) == {d for d, o in EXPECTED.items() if o == "summary"}
+    assert "left out 2 documents that cannot be read" in capsys.readouterr().err
+
+    # a real failure (instructions too long for any prompt) still exits 1, whatever else failed
+    too_long = "Mention every name and every date. " * 60
+    assert summarize("notes", "--out", "bad.jsonl", "--instructions", too_long) == 1
+    assert summarize("notes", "--out", "bad2.jsonl", "--instructions", too_long, "--skip-unreadable") == 1
+    assert summarize("notes/empty.txt", "--out", "e.jsonl", "--skip-unreadable") == 2  # nothing left to do
+
+
+def test_the_help_documents_the_exit_statuses(capsys):
+    from handler.summarize.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--skip-unreadable" in text and "0 every document done" in text
+    assert "1 some document failed and a rerun retries it" in text and "3 every document that can be read" in text

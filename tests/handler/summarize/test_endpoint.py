@@ -42,9 +42,9 @@ def jobs_of(api: FakeRestAPI, needle: str, since: float = 0.0) -> list:
 def test_endpoint_mode_gives_the_statuses_of_local_mode(endpoint_env, rest_api):
     make_notes(endpoint_env)
     t0 = time.monotonic()
-    assert summarize("notes", "--out", "local.jsonl") == 1
+    assert summarize("notes", "--out", "local.jsonl") == 3
     calls_before = len(rest_api.calls)
-    assert summarize("notes", "--out", "endpoint.jsonl", "--endpoint", rest_api.endpoint) == 1
+    assert summarize("notes", "--out", "endpoint.jsonl", "--endpoint", rest_api.endpoint) == 3
 
     local = by_doc(read_lines(endpoint_env / "local.jsonl"))
     remote = by_doc(read_lines(endpoint_env / "endpoint.jsonl"))
@@ -67,7 +67,7 @@ def test_out_of_memory_is_retried_and_invalid_input_is_not(endpoint_env, rest_ap
     make_notes(endpoint_env)
     t0 = time.monotonic()
     rest_api.fail_with_oom(lambda job_input: "Standup" in job_input["summarize"]["text"])
-    assert summarize("notes", "--out", "r.jsonl", "--endpoint", rest_api.endpoint) == 1
+    assert summarize("notes", "--out", "r.jsonl", "--endpoint", rest_api.endpoint) == 3  # only the empty and binary files failed: they never can
     lines = by_doc(read_lines(endpoint_env / "r.jsonl"))
     for doc, outcome in EXPECTED.items():
         check_line(lines[doc], outcome)
@@ -142,7 +142,7 @@ def test_ctrl_c_cancels_the_jobs_in_flight_and_a_rerun_finishes(endpoint_env, re
     lines = by_doc(read_lines(endpoint_env / "r.jsonl"))  # only the files that failed at reading
     assert set(lines) == {"notes/empty.txt", "notes/logo.png"}
 
-    assert summarize("notes", "--out", "r.jsonl", "--endpoint", rest_api.endpoint) == 1
+    assert summarize("notes", "--out", "r.jsonl", "--endpoint", rest_api.endpoint) == 3  # only the empty and binary files failed: they never can
     lines = by_doc(read_lines(endpoint_env / "r.jsonl"))
     for doc, outcome in EXPECTED.items():
         check_line(lines[doc], outcome)

@@ -1,0 +1,1 @@
+"""Compatibility with worker-vllm: its environment variables, as a drop-in replacement."""
