@@ -66,19 +66,44 @@ async def worker_vllm_items(run: JobRequests, request, engine_request_id: str) -
     `{"choices": [{"tokens": [text, ...]}], "usage": {"input", "output"}}`, each streamed item
     with the usage so far; the failure contract's errors stay ours."""
     ctx = run.ctx
+    n = request.params.num_choices
 
-    def item(texts: list[str]) -> dict:
-        return {"choices": [{"tokens": texts}], "usage": {"input": ctx.prompt_tokens, "output": ctx.completion_tokens}}
+    def item(texts: dict[int, list[str]]) -> dict:
+        return {"choices": [{"tokens": texts.get(i, [])} for i in range(n)],
+                "usage": {"input": ctx.prompt_tokens, "output": ctx.completion_tokens}}
 
-    async for kind, value in stream_batches(run, request, engine_request_id):
+    if not detailed(request.params):
+        async for kind, value in stream_batches(run, request, engine_request_id):
+            if kind == "items":
+                yield item({0: value})
+            else:
+                comp, rest = value
+                if not run.spec.stream:
+                    yield item({0: [comp.text]})
+                elif rest:
+                    yield item({0: rest})
+        return
+    # n > 1 (or logprobs asked): the events are batches of per-choice deltas; worker-vllm
+    # indexes the choices, each with its own tokens (logprobs are not in its native items)
+    async for kind, value in stream_batches(run, request, engine_request_id, lambda d: d):
         if kind == "items":
-            yield item(value)
+            yield item(_texts_by_choice(value))
         else:
             comp, rest = value
             if not run.spec.stream:
-                yield item([comp.text])
+                yield item({c.index: [c.text] for c in comp.choices})
             elif rest:
-                yield item(rest)
+                yield item(_texts_by_choice(rest))
+
+
+def _texts_by_choice(batches: list) -> dict[int, list[str]]:
+    """Batches of ChoiceDeltas as each choice's new texts, in order."""
+    out: dict[int, list[str]] = {}
+    for batch in batches:
+        for d in batch:
+            if d.text:
+                out.setdefault(d.index, []).append(d.text)
+    return out
 
 
 def final_item(run: JobRequests, comp: Completion, text: str) -> dict:

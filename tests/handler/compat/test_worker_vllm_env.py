@@ -78,3 +78,19 @@ def test_worker_vllm_output_format(make_worker, loop):
     assert len(items) > 1 and all(set(i) == {"choices", "usage"} for i in items)
     assert "".join(t for i in items for t in i["choices"][0]["tokens"]) == "".join(item["choices"][0]["tokens"])
     assert items[-1]["usage"]["output"] == 6
+
+
+def test_worker_vllm_output_format_with_two_choices_and_logprobs(make_worker, loop):
+    """n=2 (and logprobs asked): worker-vllm's items index the choices, each with its own tokens."""
+    worker = make_worker(OUTPUT_FORMAT="worker-vllm")
+    params = {"max_tokens": 5, "ignore_eos": True, "n": 2, "seed": 7, "temperature": 1.0, "logprobs": 1}
+    whole = run(loop, worker, {"prompt": "Hello", "sampling_params": params})
+    assert whole["status"] == "COMPLETED" and len(whole["output"]) == 1
+    choices = whole["output"][0]["choices"]
+    assert len(choices) == 2 and all(isinstance(t, str) for c in choices for t in c["tokens"])
+    assert whole["output"][0]["usage"]["output"] == 10  # both choices' tokens
+    streamed = run(loop, worker, {"prompt": "Hello", "stream": True, "sampling_params": params})
+    items = streamed["output"]
+    assert all(set(i) == {"choices", "usage"} and len(i["choices"]) == 2 for i in items)
+    for k in range(2):  # the same seeds: each choice's streamed tokens join to its whole text
+        assert "".join(t for i in items for t in i["choices"][k]["tokens"]) == choices[k]["tokens"][0]
