@@ -9,7 +9,7 @@ import pytest
 
 from handler.job.retry import retry_seed
 from handler.routes.openai import parse_sse
-from tests.handler.conftest import error_of, run, text_of
+from tests.handler.conftest import error_of, run, settings_for, text_of
 
 
 def finished(caplog, job_id: str) -> dict:
@@ -17,6 +17,18 @@ def finished(caplog, job_id: str) -> dict:
     (record,) = [r.job_finished for r in caplog.records
                  if getattr(r, "job_id", None) == job_id and hasattr(r, "job_finished")]
     return record
+
+
+@pytest.fixture(scope="module")
+def shared_worker(tiny_llama_dir, loop):
+    """A worker with the default EMPTY_OUTPUT_RETRIES (1): what these tests count."""
+    from handler.settings import SETTINGS_BY_NAME
+    from handler.worker import Worker
+
+    w = Worker(settings_for(tiny_llama_dir, EMPTY_OUTPUT_RETRIES=SETTINGS_BY_NAME["EMPTY_OUTPUT_RETRIES"].default))
+    run(loop, w, {"prompt": "hi"}, "warmup")  # the engine loads (its ending does not matter here)
+    yield w
+    loop.run_until_complete(w.aclose())
 
 
 def always_empty(worker, **sampling) -> dict:
