@@ -197,3 +197,8 @@ class Detokenizer:
             self.decoder.flush()
             return "length", None
         return None
+
+    def complete(self) -> tuple[str, None]:
+        """The request's grammar is complete (structured output): it ends with "stop"."""
+        self.decoder.flush()
+        return "stop", None

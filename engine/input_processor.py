@@ -24,6 +24,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams  # max_tokens set: the asked value, or what fits
     max_tokens: int  # output tokens it may produce: max_tokens within the context
+    grammar: Any = None  # engine.structured.grammar.Grammar of its structured_outputs
 
 
 def sampling_params(values: Mapping[str, Any] | SamplingParams | None) -> SamplingParams:
@@ -63,8 +64,11 @@ class InputProcessor:
     forge a turn, unless `allow_special_tokens_in_content` (vLLM's behaviour)."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int, *,
-                 allow_special_tokens_in_content: bool = False, max_logprobs: int = 20):
+                 allow_special_tokens_in_content: bool = False, max_logprobs: int = 20, eos_token_ids=()):
+        from engine.structured.grammar import GrammarCompiler
+
         self.tokenizer = tokenizer
+        self.grammars = GrammarCompiler(tokenizer, vocab_size, eos_token_ids)  # structured_outputs
         self.max_logprobs = max_logprobs
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -245,6 +249,7 @@ class InputProcessor:
         Raises InvalidInputError (naming the field), PromptTooLongError or KVCapacityError."""
         text, ids = self.encode(prompt)
         params = self.check_params(sampling_params(params))
+        grammar = self.grammars.compile(params.structured_outputs) if params.structured_outputs else None
         n = len(ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(n, self.max_model_len)
@@ -259,4 +264,4 @@ class InputProcessor:
             max_tokens = min(params.max_tokens, self.max_model_len - n)
             if n + max_tokens > capacity:
                 raise KVCapacityError(n + max_tokens, capacity)
-        return EngineRequest(text, ids, params, max_tokens)
+        return EngineRequest(text, ids, params, max_tokens, grammar)

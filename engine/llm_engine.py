@@ -24,6 +24,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, use_long_rope
 from engine.sequence import Sequence
+from engine.structured.masks import MaskFiller, advance
 from engine.tokenizer import load_tokenizer
 from engine.validation import is_int
 
@@ -107,7 +108,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, spec.vocab_size, self.max_model_len,
                                               self._kv_capacity(num_blocks, config.block_size, budget),
                                               allow_special_tokens_in_content=config.allow_special_tokens_in_content,
-                                              max_logprobs=config.max_logprobs)
+                                              max_logprobs=config.max_logprobs, eos_token_ids=self.eos_token_ids)
+        self.masks = MaskFiller(spec.vocab_size, pin=self.device.startswith("cuda"))  # structured output
         self.requests: dict[str, Sequence] = {}
         self.parents: dict[str, ParentRequest] = {}  # requests of n > 1 (or best_of) choices
         self.token_decoder = TokenDecoder(self.tokenizer)  # Logprob.decoded_token
@@ -187,6 +189,10 @@ class LLMEngine:
             use_long_rope(seq)
         seq.detok = Detokenizer(self.tokenizer, req.prompt_token_ids, params, self.eos_token_ids, req.max_tokens,
                                 self.max_model_len)
+        if req.grammar is not None:
+            seq.matcher = req.grammar.matcher()  # each choice of n its own
+            if seq.matcher.is_error():
+                raise InvalidInputError(f"structured_outputs: {seq.matcher.get_error()}", field="structured_outputs")
         if params.logprobs is not None:
             seq.logprobs = []
         if params.prompt_logprobs is not None:
@@ -299,13 +305,14 @@ class LLMEngine:
         if samplers:
             logits = self.faults.poison_logits(self.step_count, [s for s, _ in samplers], logits)
         seqs = [s for s, _ in samplers]
+        masks = self.masks.fill(seqs)  # on the host while the device runs the forward
         if prompt is not None:
-            samples = iter(self.sampler.sample(logits, seqs, prompt))
+            samples = iter(self.sampler.sample(logits, seqs, prompt, masks=masks))
             for (seq, _, _), positions in zip(prompt.entries, prompt.results):
                 self.token_decoder.fill(positions)
                 seq.prompt_logprobs.extend(positions)
         else:
-            samples = iter(self.sampler.sample(logits, seqs) if samplers else [])
+            samples = iter(self.sampler.sample(logits, seqs, masks=masks) if samplers else [])
         return [next(samples) if seq.num_computed_tokens + n == seq.num_tokens else None for seq, n in scheduled]
 
     @staticmethod
@@ -338,7 +345,14 @@ class LLMEngine:
             self.faults.before_detokenize(self.step_count, seq)
             if sample.top_logprobs is not None:
                 self.token_decoder.fill((sample.top_logprobs,))
+            grammar = advance(seq, sample.token_id) if seq.matcher is not None else None
+            if grammar == "error":
+                return self._fail(seq, RequestFailedError(
+                    f"request {seq.request_id}: token {sample.token_id} does not match its structured_outputs "
+                    f"({seq.matcher.get_error()})"))
             end = seq.detok.update(sample.token_id, seq.num_output_tokens)
+            if end is None and grammar == "done":
+                end = seq.detok.complete()
             if end is not None:
                 seq.finish_reason, seq.stop_reason = end
                 self._finish(seq)

@@ -1,7 +1,7 @@
 """Sampling from the last-position logits of each request, on the logits'
 device: logits edits (engine.logits_processors), penalties, min_tokens bans,
 temperature, top-k / top-p / min-p, per-request seeds, logprobs and prompt
-logprobs (engine.logprobs). Every row's result reaches the host in one
+logprobs (engine.logprobs); structured output's token masks (engine.structured), first. Every row's result reaches the host in one
 transfer, the only host synchronisation of a step."""
 from __future__ import annotations
 
@@ -68,6 +68,8 @@ class Sampler:
     def _banned(self, seq: Sequence) -> list[int]:
         if seq.num_output_tokens >= seq.params.min_tokens:
             return []
+        if seq.matcher is not None and seq.matcher.is_accepting():
+            return []  # the output matches its grammar: ending now may be all the grammar allows
         return sorted(self.eos_token_ids | set(seq.params.stop_token_ids))
 
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
@@ -80,10 +82,13 @@ class Sampler:
             gen = self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
         return gen
 
-    def _edit(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _edit(self, logits: torch.Tensor, seqs: list[Sequence], masks=None) -> torch.Tensor:
         """The logits the tokens are chosen from: a copy edited only when some row needs it
-        (allowed ids, bad words, logit bias, penalties, min_tokens bans)."""
+        (structured output's masks, allowed ids, bad words, logit bias, penalties, min_tokens bans)."""
         x, edited = logits, False
+        if masks is not None:
+            x, edited = logits.clone(), True
+            masks.apply(x)
         for row, seq in enumerate(seqs):
             p = seq.params
             edits = needs_edits(seq)
@@ -99,17 +104,19 @@ class Sampler:
                 x[row].index_fill_(0, _ids(banned, logits.device), float("-inf"))  # a scalar: no host-to-device copy
         return x
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt: PromptRows | None = None) -> list[SampleResult]:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt: PromptRows | None = None,
+               masks=None) -> list[SampleResult]:
         """logits [S, V] for S requests, in order (then prompt.num_rows rows predicting prompt
         tokens, when `prompt` is given: their logprobs go to prompt.results). Greedy rows are
         decided in one batched argmax; only rows with edits or sampling take a row of work.
         A sampled token is argmax(probs / E) with E ~ Exp(1) drawn from the request's
-        generator: a draw from probs without a host round trip. Logprobs are raw (engine.logprobs)."""
+        generator: a draw from probs without a host round trip. Logprobs are raw (engine.logprobs).
+        masks: engine.structured.masks.StepMasks of the constrained rows, or None."""
         n = len(seqs)
         logits = logits.float()
         prompt_logits, logits = logits[n:], logits[:n]
         dev = logits.device
-        x = self._edit(logits, seqs)
+        x = self._edit(logits, seqs, masks)
         tokens = x.argmax(dim=-1)
         for row, seq in enumerate(seqs):
             if seq.params.greedy:

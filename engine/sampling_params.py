@@ -1,11 +1,13 @@
 """SamplingParams with vLLM's field names, validated on creation. The per-token logits
 edits (logit_bias, allowed_token_ids, bad_words) and the logprobs are applied by
-engine.sampler; n / best_of by engine.parallel_sampling."""
+engine.sampler; n / best_of by engine.parallel_sampling; structured_outputs by
+engine.structured."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
 from engine.errors import InvalidInputError
+from engine.structured.params import StructuredOutputsParams
 from engine.validation import is_int, is_number
 
 
@@ -93,6 +95,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (benchmarks), no text and no stop strings
     bad_words_token_ids: list[list[int]] | None = None  # bad_words tokenized (the input processor's)
+    structured_outputs: StructuredOutputsParams | None = None  # the output matches a schema, regex, ... (a dict of its fields too)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -105,6 +108,8 @@ class SamplingParams:
             # JSON keys are strings (OpenAI sends {"50256": -100}): decimal ones are token ids
             self.logit_bias = {int(k) if isinstance(k, str) and k.isdecimal() else k: v
                                for k, v in self.logit_bias.items()}
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         self.validate()
 
     def validate(self):

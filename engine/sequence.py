@@ -48,6 +48,7 @@ class Sequence:
     parent: object = None  # engine.parallel_sampling.ParentRequest of a request of n > 1 choices
     generator: object = None  # torch.Generator for seeded sampling
     detok: object = None  # engine.detokenizer.Detokenizer (text and stop checks)
+    matcher: object = None  # its grammar's state when it has structured_outputs (engine.structured)
     emitted_len: int = 0  # characters of text already reported
     num_released_blocks: int = 0  # leading block table entries released (outside every layer's window)
     long_rope: bool = False  # longrope: rotated with the long factors (its length passed the switch)

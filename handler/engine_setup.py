@@ -31,6 +31,11 @@ def engine_config(settings: Any, model: str):
     """The EngineConfig for these settings (raises engine InvalidInputError naming the field)."""
     from engine import EngineConfig
 
+    template = settings.custom_chat_template
+    if template is None and not settings.model_name:  # the embedded default model: its tool-aware template
+        from handler.prepare.default_model import chat_template
+
+        template = chat_template()
     return EngineConfig(
         model=model, revision=settings.model_revision, dtype=settings.dtype, quantization=settings.quantization,
         block_size=settings.block_size, max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
@@ -42,7 +47,7 @@ def engine_config(settings: Any, model: str):
         prefix_cache_ttl_s=settings.prefix_cache_ttl_s or None,
         allow_special_tokens_in_content=settings.allow_special_tokens_in_content,
         kv_cache_dtype=settings.kv_cache_dtype, tokenizer=settings.tokenizer_name,
-        tokenizer_revision=settings.tokenizer_revision, chat_template=settings.custom_chat_template,
+        tokenizer_revision=settings.tokenizer_revision, chat_template=template,
     )
 
 

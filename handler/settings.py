@@ -96,7 +96,9 @@ SETTINGS: tuple[Setting, ...] = (
        "(worker-vllm's name; `TOKENIZER` too).", group="model"),
     _s("TOKENIZER_REVISION", "str", None, "Hub revision of TOKENIZER_NAME.", group="model"),
     _s("CUSTOM_CHAT_TEMPLATE", "str", None, "A Jinja chat template replacing the tokenizer's own (worker-vllm's "
-       "name; vLLM's --chat-template), e.g. for a model without one or to render tools.", group="model"),
+       "name; vLLM's --chat-template), e.g. for a model without one or to render tools. Unset with no "
+       "MODEL_NAME: the embedded default model gets SmolLM2's ChatML with Hermes-style tools "
+       "(handler/prepare/data/default_chat_template.jinja).", group="model"),
     _s("QUANTIZATION", "choice", None, "vLLM's names, checked against the checkpoint: `awq` (= `awq_marlin`), `gptq` "
        "(= `gptq_marlin`), `compressed-tensors`, `fp8`, or `none` for plain weights; unset: read from the "
        "checkpoint's config.json.",

@@ -20,6 +20,7 @@ from kernels.kv_cache import FP8_DTYPES, write_kv_cache
 from kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from kernels.norm import fused_add_rms_norm, rms_norm
 from kernels.rotary import rotary_embedding
+from kernels.token_mask import apply_token_bitmask
 
 __all__ = [
     "FP8_DTYPES",
@@ -29,6 +30,7 @@ __all__ = [
     "fused_moe_awq",
     "moe_align",
     "AWQPrepared",
+    "apply_token_bitmask",
     "awq_dequantize",
     "awq_gemm",
     "awq_linear",

@@ -1,6 +1,8 @@
 """A chat request's tool and template fields (`tools`, `tool_choice`, `parallel_tool_calls`,
 `chat_template_kwargs`) as `ChatOptions`, checked at parse time; the parsers the model's
-output goes through are chosen once the model is known (`resolve_parsers`)."""
+output goes through are chosen once the model is known (`resolve_parsers`). A forced
+tool_choice ("required", a named function) is served by structured output
+(handler.job.forced_tools), its calls read by handler.parsers.forced_calls."""
 from __future__ import annotations
 
 import re
@@ -11,28 +13,37 @@ from handler.errors import invalid
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 CHAT_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")
-NEEDS_GRAMMAR = ("needs constrained decoding (structured output), which this worker does not have yet: "
-                 'send "auto" (the model may call a tool, parsed from its text) or "none"')
+CHOICES = '"none", "auto", "required" or {"type": "function", ...}'
 
 
 @dataclass(slots=True)
 class ChatOptions:
     tools: list[dict] | None = None  # OpenAI chat form: [{type: function, function: {name, ...}}]
-    tool_choice: str | None = None  # "none" | "auto"; None: not given (auto when a parser is known)
+    # "none" | "auto" | "required" | "named" (tool_name); None: not given (auto when a parser is known)
+    tool_choice: str | None = None
+    tool_name: str | None = None  # the function a named tool_choice forces
     parallel_tool_calls: bool = True
     template_kwargs: dict | None = None  # chat_template_kwargs
     tool_parser: str | None = None  # set by resolve_parsers (handler.parsers.tool_calls)
     reasoning_parser: str | None = None  # set by resolve_parsers (handler.parsers.reasoning)
     request: dict | None = None  # a Responses request's fields its Response echoes
+    # the output is structured output (response_format, guided_*, a forced tool_choice): its
+    # shape is the constraint's from the first token, so no reasoning or tool-call parser reads it
+    constrained: bool = False
 
     def prompt_fields(self) -> dict:
         """What the engine's input processor takes beside the messages."""
         out: dict[str, Any] = {}
-        if self.tools:  # rendered with tool_choice "none" too, as vLLM does
+        if self.tools:  # rendered with tool_choice "none" (and forced choices) too, as vLLM does
             out["tools"] = self.tools
         if self.template_kwargs:
             out["chat_template_kwargs"] = self.template_kwargs
         return out
+
+    @property
+    def forced(self) -> bool:
+        """The tool_choice forces calls ("required" or a named function)."""
+        return self.tool_choice in ("required", "named")
 
     @property
     def max_calls(self) -> int | None:
@@ -56,17 +67,26 @@ def parse_tool(tool: Any, where: str, flat: bool = False) -> dict:
             raise invalid(f"{where}{'' if flat else '.function'}.{key}", f"must be a {kind.__name__}")
         if value is not None and key != "strict":
             out[key] = value
-    if fn.get("strict"):
-        raise invalid(f"{where}{'' if flat else '.function'}.strict", "strict tools " + NEEDS_GRAMMAR)
     return {"type": "function", "function": out}
 
 
-def parse_tool_choice(value: Any, where: str) -> str | None:
-    if value is None or value in ("none", "auto"):
-        return value
-    if value == "required" or isinstance(value, dict):
-        raise invalid(where, f"{value!r} " + NEEDS_GRAMMAR if value == "required" else "a named function " + NEEDS_GRAMMAR)
-    raise invalid(where, 'must be "none", "auto", "required" or {"type": "function", ...}')
+def _is_strict(tool: Any, flat: bool) -> bool:
+    fn = tool if flat else tool.get("function")
+    return fn.get("strict") is True
+
+
+def parse_tool_choice(value: Any, where: str, flat: bool = False) -> tuple[str | None, str | None]:
+    """(tool_choice, the named function's name); `flat`: the Responses API's {type, name}."""
+    if value is None or value in ("none", "auto", "required"):
+        return value, None
+    if isinstance(value, dict) and value.get("type") == "function":
+        fn = value if flat else value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            shape = '{"type": "function", "name": ...}' if flat else '{"type": "function", "function": {"name": ...}}'
+            raise invalid(where, f"a named tool choice is {shape}")
+        return "named", name
+    raise invalid(where, "must be " + CHOICES)
 
 
 def parse_chat_options(oi: dict, p: str, flat_tools: bool = False) -> ChatOptions:
@@ -77,7 +97,19 @@ def parse_chat_options(oi: dict, p: str, flat_tools: bool = False) -> ChatOption
         if not isinstance(tools, list):
             raise invalid(p + "tools", "must be a list of tool definitions")
         opts.tools = [parse_tool(t, f"{p}tools[{i}]", flat_tools) for i, t in enumerate(tools)] or None
-    opts.tool_choice = parse_tool_choice(oi.get("tool_choice"), p + "tool_choice")
+    opts.tool_choice, opts.tool_name = parse_tool_choice(oi.get("tool_choice"), p + "tool_choice", flat_tools)
+    if opts.forced and not opts.tools:
+        raise invalid(p + "tool_choice", "forces a tool call but the request has no tools")
+    names = [t["function"]["name"] for t in opts.tools or ()]
+    if opts.tool_name is not None and opts.tool_name not in names:
+        shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+        raise invalid(p + "tool_choice", f"names the function {opts.tool_name!r:.80}, which is not among the "
+                      f"tools ({shown})")
+    for i, tool in enumerate(tools or ()):
+        if _is_strict(tool, flat_tools) and opts.tool_choice != "none" and not opts.forced:
+            raise invalid(f"{p}tools[{i}]{'' if flat_tools else '.function'}.strict", "strict calls follow the "
+                          'schema only when tool_choice forces them ("required" or a named function); "auto" '
+                          "calls are parsed from the model's free text")
     parallel = oi.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise invalid(p + "parallel_tool_calls", "must be true or false")
@@ -91,14 +123,16 @@ def parse_chat_options(oi: dict, p: str, flat_tools: bool = False) -> ChatOption
 
 def resolve_parsers(opts: ChatOptions, settings: Any, template: str | None, field: str) -> None:
     """Choose the output parsers now that the model's chat template is known: reasoning by
-    REASONING_PARSER; tool calls (when tools are given and tool_choice is not "none") by
-    TOOL_CALL_PARSER, else from the template's own markers. Raises invalid_input naming
-    `field` + tools / tool_choice when the request cannot be served as asked."""
+    REASONING_PARSER; tool calls (when tools are given and tool_choice is "auto" or not given)
+    by TOOL_CALL_PARSER, else from the template's own markers. Raises invalid_input naming
+    `field` + tools / tool_choice when the request cannot be served as asked. A forced
+    tool_choice needs no parser (its calls are structured output); no constrained output
+    goes through a parser."""
     from handler.parsers import reasoning, tool_calls
 
     name = (getattr(settings, "reasoning_parser", None) or "").lower()
-    opts.reasoning_parser = name if name in reasoning.PARSERS else None
-    if not opts.tools or opts.tool_choice == "none":
+    opts.reasoning_parser = name if name in reasoning.PARSERS and not opts.constrained else None
+    if not opts.tools or opts.tool_choice == "none" or opts.forced:
         return
     if "tools" not in (template or ""):
         raise invalid(field + "tools", "this model's chat template does not render tools (set CUSTOM_CHAT_TEMPLATE "
@@ -115,4 +149,5 @@ def resolve_parsers(opts: ChatOptions, settings: Any, template: str | None, fiel
         why = (f"TOOL_CALL_PARSER={configured} is not implemented here" if configured else
                "no tool-call parser is known for this model's template: set TOOL_CALL_PARSER")
         raise invalid(field + "tool_choice", f'"auto" cannot be parsed: {why} (one of {", ".join(tool_calls.PARSERS)})')
-    opts.tool_choice, opts.tool_parser = "auto", parser
+    opts.tool_choice = "auto"
+    opts.tool_parser = None if opts.constrained else parser

@@ -1,6 +1,6 @@
 """OpenAI request fields this worker neither implements nor needs: the documented few that
 are safe to ignore (they change nothing in the output), and the refusal of every other one,
-naming it (structured output's fields with their own reason)."""
+naming it."""
 from __future__ import annotations
 
 from handler.errors import JobError, invalid
@@ -11,16 +11,9 @@ SAFE_TO_IGNORE = frozenset({
     "model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
     "request_id",  # vLLM's: a label for its logs (the job's own id is ours)
 })
-STRUCTURED = frozenset({
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-    "guided_whitespace_pattern", "structured_outputs",
-})
 
 
 def unsupported_field(prefix: str, key: str) -> JobError:
     """invalid_input naming a request field this worker does not implement."""
-    name = prefix + clean(key, 100)
-    if key in STRUCTURED:
-        return invalid(name, "structured output (grammar-constrained decoding) is not supported by this worker yet")
-    return invalid(name, "is not supported by this worker (fields it may ignore: "
+    return invalid(prefix + clean(key, 100), "is not supported by this worker (fields it may ignore: "
                    + ", ".join(sorted(SAFE_TO_IGNORE)) + ")")

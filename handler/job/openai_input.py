@@ -1,6 +1,7 @@
 """The OpenAI form of a job (`openai_route` + `openai_input`, as worker-vllm takes
 them): chat and completion requests read into a JobSpec, each refusal naming
-openai_input.<field>."""
+openai_input.<field>; structured output (response_format, structured_outputs, guided_*,
+a forced tool_choice) into the engine's structured_outputs."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,18 +9,18 @@ from typing import Any
 from handler.errors import invalid
 from handler.job.chat_options import CHAT_KEYS, parse_chat_options
 from handler.job.fields import parse_messages, parse_prompt
+from handler.job.forced_tools import forced_structured
 from handler.job.openai_fields import SAFE_TO_IGNORE, unsupported_field
 from handler.job.openai_sampling import output_keys, parse_output_fields
 from handler.job.sampling import SAMPLING_KEYS, check_sampling, is_noop
+from handler.job.structured import OPENAI_KEYS as STRUCTURED_KEYS
+from handler.job.structured import openai_structured
 
 # OpenAI names of engine SamplingParams fields (the others, vLLM's extensions included, pass as they are)
 RENAMED = {"max_completion_tokens": "max_tokens"}
-# accepted only at these (no-op) values
-NOOP = {
-    "n": (1,), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,),
-    "suffix": ("",), "logit_bias": ({},),
-    "response_format": ({"type": "text"},), "add_generation_prompt": (True,),
-}
+# accepted only at these (no-op) values (n, best_of, logprobs, logit_bias: handler.job.openai_sampling;
+# top_logprobs there for chat, here for completions; echo there for completions, here for chat)
+NOOP = {"top_logprobs": (0,), "echo": (False,), "suffix": ("",), "add_generation_prompt": (True,)}
 IGNORED = {"stream", "stream_options"} | SAFE_TO_IGNORE  # (stream: read by _stream)
 
 
@@ -78,6 +79,8 @@ def parse_openai_input(route: str, oi: Any, spec) -> None:
             continue
         if key in CHAT_KEYS and spec.chat is not None:  # read by parse_chat_options
             continue
+        if key in STRUCTURED_KEYS:  # read by openai_structured
+            continue
         if key in NOOP:
             if not is_noop(value, NOOP[key]):
                 raise invalid(p + key, f"is not supported by this worker (only {NOOP[key][0]!r})")
@@ -90,4 +93,10 @@ def parse_openai_input(route: str, oi: Any, spec) -> None:
     sent_as = {new: old for old, new in RENAMED.items() if oi.get(old) is not None}
     for new, old in sent_as.items():  # OpenAI's own name wins (max_completion_tokens over max_tokens, as vLLM)
         sampling[new] = oi[old]
+    structured = openai_structured(oi, p, forced_structured(spec.chat, p) if spec.chat is not None else None)
+    if structured is not None:
+        sampling["structured_outputs"] = structured.value
+        spec.renamed["structured_outputs"] = structured.field  # the engine's refusals name it
+        if spec.chat is not None:
+            spec.chat.constrained = True
     spec.sampling = check_sampling(sampling, spec, sent_as)

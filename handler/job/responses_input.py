@@ -1,7 +1,8 @@
 """The Responses API request (`/v1/responses`, as the `openai` package's
 `responses.create` sends it) read into a JobSpec: `input` (text, or message,
 function_call and function_call_output items) and `instructions` as chat messages,
-`tools` in its flat form, sampling by OpenAI's names; refusals name openai_input.<field>."""
+`tools` in its flat form, sampling by OpenAI's names, `text.format` and a forced tool_choice
+as structured output; refusals name openai_input.<field>."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,10 @@ from typing import Any
 from handler.errors import invalid
 from handler.job.chat_options import parse_chat_options
 from handler.job.fields import parse_messages
+from handler.job.forced_tools import forced_structured
 from handler.job.openai_fields import SAFE_TO_IGNORE, unsupported_field
 from handler.job.sampling import check_sampling
+from handler.job.structured import Structured, one_source, response_format
 
 P = "openai_input."
 SAMPLING = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p"}
@@ -71,6 +74,17 @@ def input_messages(value: Any, instructions: Any) -> list[dict]:
     return parse_messages(messages, P + "input")
 
 
+def _text_format(text: Any) -> Structured | None:
+    """The structured output of `text.format` (None for text or none given)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise invalid(P + "text", "must be an object {format, verbosity}")
+    fmt = text.get("format")
+    fields = None if fmt is None else response_format(fmt, P + "text.format", flat=True)
+    return None if fields is None else Structured(fields, "text.format", "text.format")
+
+
 def parse_responses_input(oi: dict, spec) -> None:
     for key, value in oi.items():
         if value is None or key in READ or key in SAFE_TO_IGNORE:
@@ -84,10 +98,7 @@ def parse_responses_input(oi: dict, spec) -> None:
         raise invalid(P + "input", "is required")
     spec.messages = input_messages(oi["input"], oi.get("instructions"))
     spec.chat = parse_chat_options(oi, P, flat_tools=True)
-    fmt = (oi.get("text") or {}).get("format") if isinstance(oi.get("text"), dict) else oi.get("text")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise invalid(P + "text.format", "structured output (json_schema, json_object) is not supported by this "
-                      'worker yet: only {"type": "text"}')
+    text_format = _text_format(oi.get("text"))
     reasoning = oi.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise invalid(P + "reasoning", "must be an object")  # effort, summary: the model's template decides
@@ -97,6 +108,16 @@ def parse_responses_input(oi: dict, spec) -> None:
     spec.stream = stream
     sampling = {SAMPLING[k]: oi[k] for k in SAMPLING if oi.get(k) is not None}
     sent_as = {"max_tokens": "max_output_tokens"} if "max_tokens" in sampling else {}
+    order = list(oi)  # in the order the client sent them: a second is refused
+    sources = sorted((s for s in (text_format, forced_structured(spec.chat, P, flat=True)) if s is not None),
+                     key=lambda s: order.index(s.sent.split(".")[0]))
+    structured = one_source(sources, P)
+    if structured is not None:
+        sampling["structured_outputs"] = structured.value
+        spec.renamed["structured_outputs"] = structured.field
+        spec.chat.constrained = True
     spec.sampling = check_sampling(sampling, spec, sent_as)
     spec.chat.request = {k: oi[k] for k in ("instructions", "metadata", "temperature", "top_p", "max_output_tokens",
                                             "user", "tools") if oi.get(k) is not None}  # the Response echoes them
+    if text_format is not None:
+        spec.chat.request["text"] = {"format": oi["text"]["format"]}

@@ -1,7 +1,7 @@
 """A job's sampling values: the names a job may give (engine.SamplingParams'
-request fields, and vLLM's names we take only at their no-op value), checked
-by the engine's own rules (every field's type too), its errors named by the
-job's fields as the job sent them."""
+request fields, vLLM's older `guided_decoding` for structured_outputs, and vLLM's
+names we take only at their no-op value), checked by the engine's own rules (every
+field's type too), its errors named by the job's fields as the job sent them."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,6 +13,7 @@ from handler.errors import JobError, invalid
 SAMPLING_NOOP = {"use_beam_search": False}
 # engine.SamplingParams fields a job may set; max_tokens may stay unset (the worker resolves it)
 SAMPLING_KEYS = frozenset(REQUEST_FIELDS) - set(SAMPLING_NOOP)
+STRUCTURED = ("structured_outputs", "guided_decoding")  # vLLM's names of one field, newer and older
 
 
 def is_noop(value: Any, allowed: tuple) -> bool:
@@ -30,6 +31,21 @@ def invalid_from_engine(spec, exc, sent_as: dict[str, str] | None = None) -> Job
     return invalid(spec.field(name), problem)
 
 
+def _structured(key: str, value: Any, spec, out: dict) -> None:
+    """sampling_params' structured_outputs or guided_decoding, one of them (`backend` checked
+    and dropped: handler.job.structured.spec_object); refusals name the one the job gave."""
+    from handler.job.structured import spec_object
+
+    if value is None:
+        return
+    where = f"{spec.field(None)}.{key}"  # as sent (spec.field would rename structured_outputs)
+    if "structured_outputs" in out:
+        raise invalid(where, f"give only one of {', '.join(STRUCTURED)}")
+    out["structured_outputs"] = spec_object(value, where)
+    if key != "structured_outputs":
+        spec.renamed["structured_outputs"] = key
+
+
 def check_sampling(values: Any, spec, sent_as: dict[str, str] | None = None) -> dict:
     """The given sampling values (None ones dropped), checked now by the engine's
     SamplingParams rules so a bad one fails before the model loads; `sent_as` maps an
@@ -43,6 +59,9 @@ def check_sampling(values: Any, spec, sent_as: dict[str, str] | None = None) -> 
         raise invalid(spec.field(None), "must be an object")
     out = {}
     for key, value in values.items():
+        if key in STRUCTURED:
+            _structured(key, value, spec, out)
+            continue
         if key in SAMPLING_NOOP:
             if value is not None and not is_noop(value, (SAMPLING_NOOP[key],)):
                 raise invalid(spec.field(key), f"only {SAMPLING_NOOP[key]!r} is supported")

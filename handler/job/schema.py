@@ -73,6 +73,9 @@ class JobSpec:
     chat: Any = None  # handler.job.chat_options.ChatOptions: tools, tool_choice, chat_template_kwargs, parsers
     openai_input: bool = False  # its request fields sit under openai_input (an openai_route job)
     fingerprint: str = ""  # hash of the input without request_id (the result cache key)
+    # engine field -> the job's field that gave it, when the names differ (structured_outputs
+    # from response_format, guided_json, a forced tool_choice's tools, ...): what its errors name
+    renamed: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # ignored inputs, logged with the job id
 
     @property
@@ -90,6 +93,7 @@ class JobSpec:
         """The job input field an engine error's field stands for: the prompt and messages,
         or a sampling value (under sampling_params, or openai_input for an OpenAI job)."""
         name = "prompt" if engine_field == "prompt_token_ids" else engine_field or "sampling_params"
+        name = self.renamed.get(name, name)
         if self.route == "summarize" and name.startswith(("prompt", "messages")):
             return "summarize.text"
         if name.startswith("messages") and self.apply_chat_template:
@@ -252,6 +256,8 @@ def _parse_native_request(job_input: dict, spec: JobSpec) -> None:
     use_openai = parse_bool(job_input, "use_openai_format", False)
     if present[0] == "summarize":
         spec.route = "summarize"
+        if "structured_outputs" in spec.sampling:  # it would shape every partial summary too
+            raise invalid(spec.field("structured_outputs"), "structured output is not supported with summarize")
         spec.summarize = _summarize(job_input["summarize"])
     elif present[0] == "messages":
         spec.messages = parse_messages(job_input["messages"])

@@ -112,6 +112,14 @@ def recipe() -> dict:
             "calibration_sha256": hashlib.sha256(s.calibration.read_bytes()).hexdigest()}
 
 
+def chat_template() -> str:
+    """The chat template the worker gives the default model (unless CUSTOM_CHAT_TEMPLATE): SmolLM2's
+    own ChatML, rendered the same for conversations without tools, plus tools, assistant
+    tool_calls and tool results in the Hermes form (its <tool_call> marker selects the hermes
+    parser), which SmolLM2's template drops."""
+    return (Path(__file__).parent / "data" / "default_chat_template.jinja").read_text(encoding="utf-8")
+
+
 def model_dirname() -> str:
     digest = hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:10]
     return f"{DEFAULT_MODEL_NAME}-{digest}"

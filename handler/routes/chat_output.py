@@ -1,14 +1,17 @@
 """A chat completion's reasoning and tool calls parsed out of the model's text: the parsers
 chosen once the model is known (`setup_chat`), and `ChatOutput`, the OpenAI formatter with
 its messages and stream deltas reshaped (`reasoning_content`, `tool_calls`, finish_reason
-"tool_calls"), whatever else the formatter puts in them kept."""
+"tool_calls"), whatever else the formatter puts in them kept. A forced tool_choice's calls
+are read by handler.routes.forced_output instead."""
 from __future__ import annotations
 
 from typing import Any
 
 from handler.job.chat_options import resolve_parsers
+from handler.parsers.forced_calls import ForcedCallParser
 from handler.parsers.message import MessageParser
 from handler.parsers.tool_calls import tool_parser
+from handler.routes.forced_output import ForcedToolOutput
 
 
 def setup_chat(run) -> None:
@@ -24,16 +27,21 @@ def setup_chat(run) -> None:
         spec.sampling = {**spec.sampling, "skip_special_tokens": False}
 
 
-def message_parser(chat) -> MessageParser:
+def message_parser(chat) -> MessageParser | ForcedCallParser:
+    if chat.forced:
+        return ForcedCallParser(chat.tool_name)
     return MessageParser(chat.reasoning_parser, chat.tool_parser, chat.max_calls)
 
 
 def chat_output(fmt, spec):
-    """`fmt` itself, or wrapped in ChatOutput when the job's chat output has something to parse."""
+    """`fmt` itself, or wrapped: in ForcedToolOutput for a forced tool_choice, in ChatOutput when
+    the job's chat output has something to parse."""
     chat = spec.chat
-    if not getattr(fmt, "chat", False) or chat is None or not (chat.tool_parser or chat.reasoning_parser):
+    if not getattr(fmt, "chat", False) or chat is None:
         return fmt
-    return ChatOutput(fmt, chat)
+    if chat.forced:
+        return ForcedToolOutput(fmt, chat)
+    return ChatOutput(fmt, chat) if chat.tool_parser or chat.reasoning_parser else fmt
 
 
 class ChatOutput:

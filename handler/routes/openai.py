@@ -84,6 +84,17 @@ def parse_sse(item: str) -> list[dict]:
     return out
 
 
+def sendable(chunks: list[dict]) -> list[dict]:
+    """The chunks less the chat ones that carry nothing (a parser holding text back, a forced
+    call's whitespace): vLLM sends none of those either."""
+    def empty(c: dict) -> bool:
+        return c.get("object") == "chat.completion.chunk" and bool(c["choices"]) and all(
+            not ch.get("delta") and ch.get("finish_reason") is None and ch.get("logprobs") is None
+            for ch in c["choices"])
+
+    return [c for c in chunks if not empty(c)]
+
+
 async def openai_items(run, request, engine_request_id: str, model: str) -> AsyncIterator[Any]:
     """An OpenAI job's items: one response object, or (streaming) SSE items of chunks."""
     spec, settings = run.spec, run.settings
@@ -95,10 +106,12 @@ async def openai_items(run, request, engine_request_id: str, model: str) -> Asyn
     wrap = choices.chunks if choices else fmt.chunk
     async for kind, value in stream_batches(run, request, engine_request_id, wrap, head):
         if kind == "items":
-            yield fmt.pack(flat(value))
+            chunks = sendable(flat(value))
+            if chunks:
+                yield fmt.pack(chunks)
             continue
         comp, chunks = value
-        chunks = flat(chunks)
+        chunks = sendable(flat(chunks))
         usage = fmt.usage(comp.prompt_tokens, comp.completion_tokens, comp.cached_tokens)
         if not spec.stream:
             yield fmt.response(comp.text, comp.finish_reason, usage, choices=choices.rows(comp) if choices else None)

@@ -49,16 +49,21 @@ class ResponseBuilder:
                   "parameters": t["function"].get("parameters"), "strict": False} for t in (self.chat.tools or [])]
         out = {"id": self.id, "object": "response", "created_at": self.created, "model": self.model,
                "status": status, "output": output, "parallel_tool_calls": self.chat.parallel_tool_calls,
-               "tool_choice": self.chat.tool_choice or "auto", "tools": tools, "error": None,
+               "tool_choice": self.tool_choice(), "tools": tools, "error": None,
                "incomplete_details": None, "instructions": req.get("instructions"),
                "metadata": req.get("metadata"), "temperature": req.get("temperature"), "top_p": req.get("top_p"),
                "max_output_tokens": req.get("max_output_tokens"), "user": req.get("user"),
-               "text": {"format": {"type": "text"}}, "usage": None}
+               "text": req.get("text", {"format": {"type": "text"}}), "usage": None}
         if comp is not None:
             out["usage"] = self.usage(comp, reasoning)
             if comp.finish_reason == "length":
                 out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
         return out
+
+    def tool_choice(self) -> str | dict:
+        if self.chat.tool_name is not None:
+            return {"type": "function", "name": self.chat.tool_name}
+        return self.chat.tool_choice or "auto"
 
     def usage(self, comp, reasoning: str) -> dict:
         tokens = len(self.run.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0

@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.http_server import close, serve
+
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
@@ -62,29 +64,11 @@ class FakeControlPlane:
 
     # -- the test's side --------------------------------------------------------------
     def start(self) -> FakeControlPlane:
-        plane = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                plane._dispatch(self, "GET")
-
-            def do_POST(self):
-                plane._dispatch(self, "POST")
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(self._dispatch, http11=True)
         return self
 
     def stop(self):
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        close(self._server)
 
     def __enter__(self):
         return self.start()

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from handler.serve.job_queue import JobQueue
 from handler.serve.jobs import CANCELLED, FINAL, NOT_FOUND, Job, JobStore
 from handler.serve.sdk_job import run_job
+from tests.fakes.http_server import close, serve
 
 MAX_BODY = 10 * 1024 * 1024  # RunPod's payload limit for /run
 RestJob = Job  # the package's job, as the local endpoint (`python -m handler --serve`) keeps it
@@ -63,29 +64,11 @@ class FakeRestAPI:
                     pass
 
         asyncio.run_coroutine_threadsafe(setup(), self._loop).result(120)
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                api._dispatch(self, "GET")
-
-            def do_POST(self):
-                api._dispatch(self, "POST")
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(self._dispatch, http11=True)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        close(self._server)
 
         async def teardown():
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

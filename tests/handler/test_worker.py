@@ -345,6 +345,7 @@ def test_no_model_name_serves_the_default_model_prepared_lazily(loop, tiny_llama
     fake = types.ModuleType("handler.prepare.default_model")
     fake.ensure_default_model = lambda base_path=None, on_progress=None: calls.append(base_path) or tiny_llama_dir
     fake.SUMMARIZE_SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.3, "max_tokens": 5}
+    fake.chat_template = lambda: "{{ messages[0]['content'] }}!"  # the default model's own template
     monkeypatch.setitem(sys.modules, "handler.prepare.default_model", fake)
     monkeypatch.setattr(handler.prepare, "default_model", fake, raising=False)
     settings = settings_for("", BASE_PATH=str(tmp_path))
@@ -355,6 +356,7 @@ def test_no_model_name_serves_the_default_model_prepared_lazily(loop, tiny_llama
     assert r["output"][0]["data"][0]["id"] == "SmolLM2-135M-Instruct-AWQ" and calls == []
     assert run(loop, w, {"prompt": "Hi", **SURE})["status"] == "COMPLETED"
     assert calls == [str(tmp_path)]
+    assert w.engine.tokenizer.chat_template == "{{ messages[0]['content'] }}!"
     from handler.summarize.job import summary_defaults
     assert summary_defaults(settings) == fake.SUMMARIZE_SAMPLING  # its tuned summarize sampling
     loop.run_until_complete(w.aclose())

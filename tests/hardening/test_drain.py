@@ -17,7 +17,7 @@ GRACE_S = 10.0  # docker stop's default before SIGKILL; the drain must fit well 
 IN_FLIGHT, QUEUED, MAX_TOKENS = 8, 6, 160
 ENV = {"MAX_MODEL_LEN": "256", "NUM_KV_BLOCKS": "256", "MAX_CONCURRENCY": str(IN_FLIGHT), "JOB_KV_TOKENS": "64",
        "DEFAULT_BATCH_SIZE": "8", "METRICS_LOG_INTERVAL_S": "0",
-       "DRAIN_TIMEOUT_S": "8"}  # the 8 jobs finish inside it (they need about 2s), and 8 < GRACE_S
+       "DRAIN_TIMEOUT_S": "8"}  # the 8 jobs finish inside it (they need about 3s), and 8 < GRACE_S
 STEP_DELAY_S = 0.02  # slowed engine steps: jobs that outlast the signal whatever the machine's speed
 
 
@@ -30,7 +30,8 @@ def test_sigterm_with_8_jobs_in_flight_finishes_them_takes_nothing_more_and_exit
     with FakeControlPlane() as fake:
         flying = [fake.submit(job(i, stream=True), f"fly-{i}") for i in range(IN_FLIGHT)]
         queued = [fake.submit(job(i, stream=i % 2 == 0), f"queued-{i}") for i in range(QUEUED)]
-        proc = WorkerProcess({**fake.worker_env(), **ENV, "MODEL_NAME": tiny_llama_dir})
+        # slowed steps (160 x 10 ms): the first job cannot finish before the eighth streams
+        proc = WorkerProcess({**fake.worker_env(), **ENV, "MODEL_NAME": tiny_llama_dir}, step_delay_s=0.01)
         try:
             fake.wait_for(lambda: all(fake.jobs[j].stream for j in flying), 90, "the 8 jobs streaming")
             with fake.cond:

