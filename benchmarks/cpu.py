@@ -33,7 +33,7 @@ PROMPTS = [
 ]
 
 
-def hf_peer(path: str):
+def hf_peer(path: str, dtype: torch.dtype = torch.float32):
     """transformers' model with every AWQ linear dequantized (our reference unpacking)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -58,7 +58,7 @@ def hf_peer(path: str):
             params[name].data.copy_(t.float())
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    return model
+    return model.to(dtype)
 
 
 def same_length_prompts(tok, n: int) -> list[list[int]]:
@@ -69,12 +69,14 @@ def same_length_prompts(tok, n: int) -> list[list[int]]:
     return [x[-shortest:] for x in ids]  # equal lengths: the peer needs no padding
 
 
-def c1(path: str, tokens: int) -> list[dict]:
+def c1(path: str, tokens: int, dtype: str = "float32") -> list[dict]:
+    """Ours and transformers in the same dtype ("auto" is what our engine picks here)."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(path, max_model_len=2048, num_kv_blocks=1024)
+    llm = LLM(path, max_model_len=2048, num_kv_blocks=1024, dtype=dtype)
+    dtype = str(llm.engine.dtype).removeprefix("torch.")
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    peer = hf_peer(path)
+    peer = hf_peer(path, getattr(torch, dtype))
     rows = []
     for n in (1, 8):
         prompts = same_length_prompts(llm.get_tokenizer(), n)
@@ -89,7 +91,7 @@ def c1(path: str, tokens: int) -> list[dict]:
             peer.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
                           do_sample=False, pad_token_id=0)
             theirs = n * tokens / (time.perf_counter() - t)
-        rows.append({"id": "C1", "case": f"{n} request(s) x {tokens} tokens", "ours_tok_s": round(ours, 1),
+        rows.append({"id": "C1", "case": f"{n} request(s) x {tokens} tokens, {dtype}", "ours_tok_s": round(ours, 1),
                      "peer_tok_s": round(theirs, 1), "ratio_to_peer": round(ours / theirs, 2),
                      "target_peer": 1.5 if n == 8 else None, "ratio_to_floor": None, "target_floor": None})
     return rows
@@ -112,6 +114,8 @@ def main():
     ap.add_argument("--model", help="an AWQ checkpoint folder (default: the embedded default model)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--skip-c2", action="store_true")
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="C1 in each (ours and transformers alike; 'auto' is what our engine picks here)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cpu.json"))
     args = ap.parse_args()
     path = args.model
@@ -119,7 +123,7 @@ def main():
         from handler.prepare.default_model import ensure_default_model
 
         path = ensure_default_model()
-    rows = c1(path, args.tokens) + ([] if args.skip_c2 else c2())
+    rows = [r for dt in args.dtypes.split(",") for r in c1(path, args.tokens, dt)] + ([] if args.skip_c2 else c2())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"torch_threads": torch.get_num_threads(), "rows": rows}, f, indent=2)

@@ -18,7 +18,7 @@ class EngineConfig:
     tokenizer: str | None = None
     tokenizer_revision: str | None = None  # None: the model's revision (when tokenizer is None too)
     chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's own (vLLM's --chat-template)
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on the CPU
+    dtype: str = "auto"  # auto: bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16, AMX), else float32
     device: str = "auto"
     quantization: str | None = None  # None: read from the checkpoint; "awq" to insist
     # the KV cache's element type (vLLM's names): auto (the model's dtype), bfloat16, float16,

@@ -103,7 +103,8 @@ SETTINGS: tuple[Setting, ...] = (
        "(= `gptq_marlin`), `compressed-tensors`, `fp8`, or `none` for plain weights; unset: read from the "
        "checkpoint's config.json.",
        choices=("awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "fp8", "none"), group="model"),
-    _s("DTYPE", "choice", "auto", "Activation dtype; auto: bfloat16 on CUDA, float32 on the CPU.",
+    _s("DTYPE", "choice", "auto", "Activation dtype; auto: bfloat16 on CUDA and on CPUs with native bfloat16 "
+       "matmuls (AVX512-BF16, AMX), else float32.",
        choices=("auto", "float16", "bfloat16", "float32"), group="model"),
     _s("KV_CACHE_DTYPE", "choice", "auto", "KV cache element type (vLLM's names); auto: the model's dtype. "
        "`fp8` (= `fp8_e4m3`) or `fp8_e5m2` halves a 16-bit cache's memory (twice the tokens held), with the "

@@ -138,15 +138,21 @@ def kpack_configs(M: int, dtype, device) -> list:
         return [kpack_config(16, 64), kpack_config(16, 128, warps=2, stages=4), kpack_config(16, 64, warps=2),
                 kpack_config(16, 128), kpack_config(16, 64, warps=2, stages=4), kpack_config(16, 64, grid=2 * sms),
                 kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True)]
+    # swapped (wgmma, the weights in registers): BM rows of x are the wgmma's N, BN weight
+    # columns its M (64 per warpgroup); 8 warps are two warpgroups sharing the x tile
+    swapped = [kpack_config(bm, bn, warps=w, stages=st, swap=True) for bm, bn, w, st in
+               ((64, 128, 4, 3), (64, 256, 8, 3), (128, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3),
+                (128, 64, 4, 4), (256, 128, 8, 3))]
     if M <= 64:
         # taller tiles, unswapped and swapped
         return [kpack_config(16, 64), kpack_config(32, 64), kpack_config(32, 128), kpack_config(64, 64),
                 kpack_config(32, 64, warps=2), kpack_config(16, 128, warps=2, stages=4),
-                kpack_config(32, 128, swap=True), kpack_config(64, 128, swap=True), DENSE]
+                kpack_config(32, 128, swap=True)] + swapped[:2] + [DENSE]
     if M <= 256:
-        # (128, 256) needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
+        # (128, 256) unswapped needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
         return [DENSE] + [kpack_config(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128)
-                          for bn in (128, 256) for s in (3, 4) if (bm, bn) != (128, 256)] + [kpack_config(128, 128, warps=8)]
+                          for bn in (128, 256) for s in (3, 4) if (bm, bn) != (128, 256)] + \
+            [kpack_config(128, 128, warps=8)] + swapped[:-1] + (swapped[-1:] if M > 128 else [])
     return [DENSE]
 
 

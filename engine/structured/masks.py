@@ -1,11 +1,13 @@
-"""One step's token masks. The engine calls fill() after the forward is launched, so
-llguidance computes the masks of the constrained requests (in parallel threads, into a
-reused host buffer, pinned on CUDA) while the device runs the model; the sampler then
-copies them to the device and applies them (kernels.apply_token_bitmask). A step with
-no constrained request does nothing here. After sampling, advance() feeds each
-constrained request its token."""
+"""One step's token masks. The engine calls start() before it launches the forward, so
+llguidance computes the masks of the constrained requests (on a helper thread that
+releases the GIL, in llguidance's parallel threads, into a reused host buffer, pinned on
+CUDA) while the host launches the model and the device runs it; the sampler then takes
+them (PendingMasks.result()), copies them to the device and applies them
+(kernels.apply_token_bitmask). A step with no constrained request does nothing here.
+After sampling, advance() feeds each constrained request its token."""
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +38,7 @@ class MaskFiller:
         self.pin = pin
         self.threads = threads
         self._executor = None
+        self._thread = None  # the helper thread start() runs fill() on
         self._buf = torch.empty(0, self.words, dtype=torch.int32)
         self._rows = torch.empty(0, dtype=torch.int64)
 
@@ -61,6 +64,24 @@ class MaskFiller:
         self._executor.unsafe_compute_mask_ptr([(seqs[row].matcher, i) for i, row in enumerate(rows)],
                                                buf.data_ptr(), self.words * 4, len(rows))
         return StepMasks(rows, rows_t, buf)
+
+
+    def start(self, seqs: list[Sequence]) -> PendingMasks | None:
+        """fill(seqs) begun on the helper thread (None: no request of the step is constrained).
+        The matchers are not touched by the engine until result() returns."""
+        if not any(seq.matcher is not None for seq in seqs):
+            return None
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-masks")
+        return PendingMasks(self._thread.submit(self.fill, seqs))
+
+
+@dataclass(slots=True)
+class PendingMasks:
+    future: Future
+
+    def result(self) -> StepMasks | None:
+        return self.future.result()  # re-raises what fill() raised
 
 
 def advance(seq: Sequence, token_id: int) -> str | None:

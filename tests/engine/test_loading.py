@@ -130,10 +130,18 @@ def test_hub_id_offline_fails_with_model_load_failed(monkeypatch, tmp_path):
     assert "someone/not-cached-model" in str(err.value)
 
 
-def test_dtype_auto_is_float32_on_cpu(tiny_qwen2_dir):
-    llm = LLM(tiny_qwen2_dir, num_kv_blocks=8)
+def test_dtype_auto_on_cpu_is_float32_without_native_bf16_and_bfloat16_with_it(tiny_qwen2_dir, monkeypatch):
+    from engine import SamplingParams, llm_engine
+
+    llm = LLM(tiny_qwen2_dir, num_kv_blocks=8)  # the suite runs as on a CPU without native bf16
     assert llm.engine.dtype == torch.float32 and llm.engine.device == "cpu"
     assert llm.engine.spec.tie_word_embeddings and llm.engine.spec.attention_bias
+    monkeypatch.setattr(llm_engine, "cpu_has_native_bf16", lambda: True)
+    llm = LLM(tiny_qwen2_dir, num_kv_blocks=8)
+    assert llm.engine.dtype == torch.bfloat16
+    assert next(llm.engine.runner.model.parameters()).dtype == torch.bfloat16
+    (out,) = llm.generate(["Hello"], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 6
 
 
 @pytest.mark.parametrize("field,value", [("block_size", 12), ("gpu_memory_utilization", 1.5), ("enforce_eager", "yes"),

@@ -176,3 +176,30 @@ def test_a_step_without_constrained_requests_computes_no_mask(llm, monkeypatch):
     assert seen and all(m is None for m in seen)
     gen(llm, PROMPTS[:1] * 2 + PROMPTS[1:], max_tokens=4, structured_outputs={"regex": "[a-z]+"})
     assert any(m is not None and len(m.rows) == 5 for m in seen)
+
+
+def test_masks_are_computed_while_the_forward_runs(llm, monkeypatch):
+    """The step's masks are begun before the forward is launched, on another thread: a forward
+    that waits for the mask computation to start would wait forever if it ran after it."""
+    import threading
+
+    started, forwards, threads = threading.Event(), [], []
+    real_fill, real_execute = llm.engine.masks.fill, llm.engine.runner.execute
+
+    def fill(seqs):
+        threads.append(threading.get_ident())
+        started.set()
+        return real_fill(seqs)
+
+    def execute(*a, **k):
+        constrained = any(s.matcher is not None for s, _ in a[0])
+        forwards.append(started.wait(timeout=10) if constrained else None)
+        started.clear()
+        return real_execute(*a, **k)
+
+    monkeypatch.setattr(llm.engine.masks, "fill", fill)
+    monkeypatch.setattr(llm.engine.runner, "execute", execute)
+    (c,), = gen(llm, ["Hello there"], max_tokens=40, structured_outputs={"regex": "[a-z]{1,8}"})
+    assert re.fullmatch("[a-z]{1,8}", c.text)
+    assert forwards and all(f is True for f in forwards if f is not None)
+    assert threading.get_ident() not in threads
