@@ -2,7 +2,7 @@
 llguidance computes the masks of the constrained requests (on a helper thread that
 releases the GIL, in llguidance's parallel threads, into a reused host buffer, pinned on
 CUDA) while the host launches the model and the device runs it; the sampler then takes
-them (PendingMasks.result()), copies them to the device and applies them
+them (the future's result()), copies them to the device and applies them
 (kernels.apply_token_bitmask). A step with no constrained request does nothing here.
 After sampling, advance() feeds each constrained request its token."""
 from __future__ import annotations
@@ -65,23 +65,14 @@ class MaskFiller:
                                                buf.data_ptr(), self.words * 4, len(rows))
         return StepMasks(rows, rows_t, buf)
 
-
-    def start(self, seqs: list[Sequence]) -> PendingMasks | None:
+    def start(self, seqs: list[Sequence]) -> Future | None:
         """fill(seqs) begun on the helper thread (None: no request of the step is constrained).
         The matchers are not touched by the engine until result() returns."""
         if not any(seq.matcher is not None for seq in seqs):
             return None
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-masks")
-        return PendingMasks(self._thread.submit(self.fill, seqs))
-
-
-@dataclass(slots=True)
-class PendingMasks:
-    future: Future
-
-    def result(self) -> StepMasks | None:
-        return self.future.result()  # re-raises what fill() raised
+        return self._thread.submit(self.fill, seqs)  # .result(): the StepMasks, or what fill() raised
 
 
 def advance(seq: Sequence, token_id: int) -> str | None:
