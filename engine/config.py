@@ -32,6 +32,10 @@ class EngineConfig:
     prefix_cache_ttl_s: float | None = None  # cached blocks unused this long are never reused
     gpu_memory_utilization: float = 0.9  # fraction of the GPU's memory the engine may fill (weights, activations, KV)
     enforce_eager: bool = False  # True: no CUDA graphs for decode
+    # steady decode steps launched while the previous one runs (engine.async_scheduling); False: every step waits.
+    # None: on CUDA only (on the CPU a forward runs as it is launched: nothing would overlap, and each output
+    # would reach its stream one step late)
+    async_scheduling: bool | None = None
     num_kv_blocks: int | None = None
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
@@ -75,6 +79,8 @@ class EngineConfig:
                                     field="tensor_parallel_size")
         if not isinstance(self.enforce_eager, bool):
             raise InvalidInputError("enforce_eager must be true or false", field="enforce_eager")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise InvalidInputError("async_scheduling must be true, false or unset", field="async_scheduling")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidInputError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
                                     f"{', '.join(KV_CACHE_DTYPES)}", field="kv_cache_dtype")

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from engine.async_scheduling import AsyncScheduling
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
@@ -129,6 +130,12 @@ class LLMEngine:
         self.parents: dict[str, ParentRequest] = {}  # requests of n > 1 (or best_of) choices
         self.token_decoder = TokenDecoder(self.tokenizer)  # Logprob.decoded_token
         self.step_count = 0
+        # decode steps launched before the previous one's results are read (engine.async_scheduling);
+        # not under tensor parallelism, sliding-window release, longrope's switch or fault injection
+        ahead = self.device.startswith("cuda") if config.async_scheduling is None else config.async_scheduling
+        self.ahead = AsyncScheduling(self) if (
+            ahead and self.workers is None and self.scheduler.window is None
+            and self.scheduler.rope_switch is None and not self.faults.spec) else None
 
     def _kv_capacity(self, num_blocks: int, block_size: int, budget: int) -> int:
         """The longest request the KV cache holds: its blocks, or for a model whose every layer
@@ -244,12 +251,18 @@ class LLMEngine:
     # -- step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One engine iteration: schedule, run, postprocess. Returns outputs of
-        the requests that advanced or finished in this step."""
+        the requests that advanced or finished in this step; under asynchronous scheduling
+        a steady decode step's outputs come with the next call, which launches its successor
+        first (engine.async_scheduling)."""
+        if self.ahead is not None and self.ahead.inflight is not None:
+            return self.ahead.step()
         sched = self.scheduler.schedule()
         if sched.expired:  # before this step's forward writes into any block reused meanwhile
             self.runner.scrub_kv(sched.expired)
         if not sched:
             return []
+        if self.ahead is not None and self.ahead.can_start(sched.scheduled) and self.ahead.start(sched.scheduled):
+            return []  # launched and left running: its outputs come with the next call
         self.step_count += 1
         samples, failed = self._execute(sched.scheduled)
         outputs = [self._fail(seq, err) for seq, err in failed]
@@ -395,5 +408,6 @@ class LLMEngine:
         return {
             **self.scheduler.stats(),
             "num_steps": self.step_count,
+            "num_async_steps": self.ahead.num_steps if self.ahead is not None else 0,
             **{k: v for k, v in self.memory.items() if k == "gpu_memory_fraction"},
         }

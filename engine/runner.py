@@ -133,8 +133,8 @@ class ModelRunner:
         for i, (seq, n) in enumerate(scheduled):
             start = seq.num_computed_tokens
             bt = seq.block_table
-            if n == 1:
-                h.ids[t] = seq.token_ids[start]
+            if n == 1:  # a token still being sampled (asynchronous scheduling) comes from the device
+                h.ids[t] = seq.token_ids[start] if start < len(seq.token_ids) else 0
                 h.pos[t] = start if long_rope is None else rope_row(long_rope, seq, start)
                 h.slots[t] = bt[start // bs] * bs + start % bs
             else:
@@ -148,7 +148,7 @@ class ModelRunner:
             h.ctx[i] = start + n
             table[i, : len(bt)] = bt
             table[i, len(bt) :] = 0
-            if start + n == seq.num_tokens:
+            if start + n >= seq.num_tokens:  # past it: the last token is still being sampled (engine.async_scheduling)
                 sample_rows.append(t - 1)
         if rows_n > n_seqs:  # graph padding
             h.ids[t : t + rows_n - n_seqs] = 0
@@ -193,16 +193,24 @@ class ModelRunner:
 
     # -- running -------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]], prompt_rows=()) -> torch.Tensor:
+    def execute(self, scheduled: list[tuple[Sequence, int]], prompt_rows=(),
+                input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the scheduled requests that sample, in order; then
-        the rows of `prompt_rows` (prompt_logprobs): (scheduled index, offset in its chunk, count)."""
+        the rows of `prompt_rows` (prompt_logprobs): (scheduled index, offset in its chunk, count).
+        input_ids: a decode step's token ids on the device (the previous step's samples, not
+        yet on the host), in place of the sequences' own."""
         if self.graphs is not None and not prompt_rows and self.graphs.can_run(scheduled):
             bs = self.graphs.padded_size(len(scheduled))
             _, _, cols, _, _ = self.fill_host(scheduled, pad_to=bs)
             self.graphs.copy_inputs(self.host, bs, cols)
+            if input_ids is not None:  # queued after the copies and the sampling that made them
+                self.graphs.ids[: len(scheduled)].copy_(input_ids)
             self.mark_copied()
             return self.graphs.replay(bs)[: len(scheduled)].float()
         ids, pos, ctx, rows_t = self.prepare(scheduled)
+        if input_ids is not None:
+            assert ctx.is_decode and len(input_ids) == len(scheduled)
+            ids = input_ids
         if prompt_rows:
             starts = np.cumsum([0] + [n for _, n in scheduled])
             extra = [int(starts[i]) + off + j for i, off, count in prompt_rows for j in range(count)]

@@ -2,7 +2,8 @@
 device: logits edits (engine.logits_processors), penalties, min_tokens bans,
 temperature, top-k / top-p / min-p, per-request seeds, logprobs and prompt
 logprobs (engine.logprobs); structured output's token masks (engine.structured), first. Every row's result reaches the host in one
-transfer, the only host synchronisation of a step."""
+transfer, the only host synchronisation of a step; launch() queues it without waiting
+(the engine's asynchronous scheduling feeds the sampled tokens to the next step on the device)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -112,6 +113,12 @@ class Sampler:
         A sampled token is argmax(probs / E) with E ~ Exp(1) drawn from the request's
         generator: a draw from probs without a host round trip. Logprobs are raw (engine.logprobs).
         masks: engine.structured.masks.StepMasks of the constrained rows, or None."""
+        return self.launch(logits, seqs, prompt, masks).result()
+
+    def launch(self, logits: torch.Tensor, seqs: list[Sequence], prompt: PromptRows | None = None,
+               masks=None) -> "PendingSamples":
+        """sample() without waiting: the device work is queued and its results start their
+        copy to the host; PendingSamples.tokens (on the device) can feed the next step."""
         n = len(seqs)
         logits = logits.float()
         prompt_logits, logits = logits[n:], logits[:n]
@@ -135,13 +142,36 @@ class Sampler:
             parts += device_parts(raw.index_select(0, idx), tokens.index_select(0, idx), k)
         if prompt is not None:
             parts += _prompt_parts(prompt_logits, prompt)
-        host = torch.cat(parts).tolist()  # the step's one synchronisation
+        return PendingSamples(tokens, torch.cat(parts), seqs, asked, k, prompt)
+
+
+class PendingSamples:
+    """A step's samples on their way to the host: `tokens` [S] on the device at once,
+    result() the SampleResults once the copy is done (the step's one synchronisation)."""
+
+    def __init__(self, tokens: torch.Tensor, packed: torch.Tensor, seqs: list[Sequence], asked: list[int], k: int,
+                 prompt: PromptRows | None):
+        self.tokens, self.seqs, self.asked, self.k, self.prompt = tokens, seqs, asked, k, prompt
+        self.done = None
+        if packed.device.type == "cuda":  # into pinned memory without waiting; done marks the copy's end
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+            packed = host
+        self.packed = packed
+
+    def result(self) -> list[SampleResult]:
+        if self.done is not None:
+            self.done.synchronize()
+        host = self.packed.tolist()
+        seqs, asked, k, n = self.seqs, self.asked, self.k, len(self.seqs)
         token_list, chosen_list, finite_list = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
-        tops, at = read_parts(host, 3 * n, [int(token_list[r]) for r in asked],
-                              [seqs[r].params.logprobs for r in asked], k)
+        tops, at = read_parts(host, 3 * n, [int(token_list[r]) for r in asked], [seqs[r].params.logprobs for r in asked],
+                              k)
         top_of = dict(zip(asked, tops))
-        if prompt is not None:
-            _read_prompt(host, at, prompt)
+        if self.prompt is not None:
+            _read_prompt(host, at, self.prompt)
         results = []
         for row in range(n):
             if not finite_list[row]:

@@ -114,11 +114,7 @@ class Scheduler:
             seq = self.waiting[0]
             if self.rope_switch is not None and not seq.long_rope and seq.num_tokens > self.rope_switch:
                 use_long_rope(seq)  # preempted past the switch: recomputed with the long factors
-            # prompt_logprobs need every prompt position's logits: no prefix hit (as vLLM)
-            cached = not seq.block_table and seq.params.prompt_logprobs is None
-            computed = self.bm.get_computed_blocks(seq) if cached else []
-            num_computed = seq.num_computed_tokens + len(computed) * self.bm.block_size
-            n = min(seq.num_tokens - num_computed, budget)
+            computed, n = self._admission(seq, budget)
             if not self.bm.allocate_slots(seq, n, computed):
                 break
             if self.window is not None:  # a cached prefix longer than the window: only its tail is kept
@@ -131,6 +127,24 @@ class Scheduler:
             budget -= n
         return out
 
+    def _admission(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
+        """A waiting request's cached prefix blocks and the tokens of its first chunk."""
+        # prompt_logprobs need every prompt position's logits: no prefix hit (as vLLM)
+        cached = not seq.block_table and seq.params.prompt_logprobs is None
+        computed = self.bm.get_computed_blocks(seq) if cached else []
+        num_computed = seq.num_computed_tokens + len(computed) * self.bm.block_size
+        return computed, min(seq.num_tokens - num_computed, budget)
+
+    def can_admit(self, running_tokens: int) -> bool:
+        """Would a schedule now admit the first waiting request, beside running_tokens of
+        the running ones (no preemption)? (engine.async_scheduling runs ahead while not.)"""
+        budget = self.max_num_batched_tokens - running_tokens
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        computed, n = self._admission(seq, budget)
+        return self.bm.can_allocate(seq, n, computed)
+
     def update_from_output(self, scheduled: list[tuple[Sequence, int]], samples: list) -> list[tuple[Sequence, object]]:
         """After a step ran `scheduled` (samples[i]: scheduled[i]'s SampleResult, None for a
         prefill chunk that samples nothing): computed tokens advance, newly full blocks enter
@@ -139,19 +153,27 @@ class Scheduler:
         sampled = []
         now = time.monotonic()
         for (seq, n), sample in zip(scheduled, samples):
-            seq.num_computed_tokens += n
-            self.bm.cache_full_blocks(seq)
-            if sample is None:
-                continue
-            if sample.error is None:
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                seq.token_ids.append(sample.token_id)
-                seq.cumulative_logprob += sample.logprob
-                if seq.logprobs is not None:
-                    seq.logprobs.append(sample.top_logprobs)
-            sampled.append((seq, sample))
+            self.advance(seq, n)
+            if sample is not None:
+                self.append_sample(seq, sample, now)
+                sampled.append((seq, sample))
         return sampled
+
+    def advance(self, seq: Sequence, n: int) -> None:
+        """n more of seq's tokens are computed (their KV written): newly full blocks are cached."""
+        seq.num_computed_tokens += n
+        self.bm.cache_full_blocks(seq)
+
+    @staticmethod
+    def append_sample(seq: Sequence, sample, now: float) -> None:
+        """seq's sampled token joins it (a sample with an error appends nothing)."""
+        if sample.error is None:
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.token_ids.append(sample.token_id)
+            seq.cumulative_logprob += sample.logprob
+            if seq.logprobs is not None:
+                seq.logprobs.append(sample.top_logprobs)
 
     def stats(self) -> dict:
         bm = self.bm

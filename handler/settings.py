@@ -129,6 +129,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SEED", "int", 0, "Engine seed for requests without their own seed.", minimum=0, group="model"),
     _s("ENFORCE_EAGER", "bool", False, "No CUDA graphs for decode steps (they are captured at load, batch sizes 1 to "
        "MAX_NUM_SEQS, and replayed for every decode step).", group="model"),
+    _s("ASYNC_SCHEDULING", "bool", None, "Launch each steady decode step while the previous one still runs, its "
+       "input tokens read on the GPU (vLLM's async scheduling); steps with structured output, penalties, logit bias "
+       "or new requests to admit wait as before. False: every step waits for its samples. Unset: on with a GPU, off "
+       "on the CPU (where nothing would overlap).", group="model"),
     _s("TENSOR_PARALLEL_SIZE", "int", 1, "GPUs one worker splits the model across (tensor parallelism, one process "
        "per GPU); the model's attention and KV heads must divide evenly, and the worker needs that many GPUs.",
        minimum=1, group="model"),

@@ -33,6 +33,7 @@ def test_engine_streams_korean_without_broken_characters(tiny_llama_dir):
     async def run():
         engine = AsyncLLMEngine.from_config(EngineConfig(model=tiny_llama_dir, num_kv_blocks=128))
         target = engine.tokenizer.encode(KOREAN)
+        engine.engine.ahead = None  # the scripted samples reach the host only: every step synchronous
         engine.engine.sampler.sample = lambda logits, seqs, *a, **k: [
             SampleResult(target[s.num_output_tokens], 0.0, None) for s in seqs
         ]
@@ -63,6 +64,7 @@ def _forced_engine_output(tiny_llama_dir, text: str, stream: bool):
     from engine.sampler import SampleResult
 
     def force(engine, target):
+        engine.ahead = None  # the scripted samples reach the host only: every step synchronous
         engine.sampler.sample = lambda logits, seqs, *a, **k: [
             SampleResult(target[s.num_output_tokens], 0.0, None) for s in seqs
         ]

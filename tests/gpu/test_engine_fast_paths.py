@@ -77,21 +77,36 @@ def test_graphs_match_eager(ckpt, dtype):
     assert diverged <= 3
 
 
-def test_one_host_sync_per_decode_step(ckpt):
-    """torch's sync debug mode flags every synchronising call: a decode step
-    (graph replay, GPU sampling with penalties, logprobs) makes exactly one."""
+@pytest.mark.parametrize("ahead", [False, True])
+def test_one_host_sync_per_decode_step(ckpt, ahead):
+    """torch's sync debug mode flags every implicit synchronising call: a decode step (graph
+    replay, GPU sampling with penalties, logprobs) makes none, and waits once, explicitly, for
+    its samples (PendingSamples.result). ahead: requests without penalties, whose steps run
+    under asynchronous scheduling (launched before the previous step's wait)."""
+    from engine.sampler import PendingSamples
+
     eng = LLMEngine(EngineConfig(model=ckpt, device="cuda", dtype="bfloat16", num_kv_blocks=512, max_num_seqs=16))
     params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=40, temperature=0.7, top_k=20, seed=1, ignore_eos=True, logprobs=3),
               SamplingParams(max_tokens=40, temperature=1.0, frequency_penalty=0.5, repetition_penalty=1.1,
                              min_tokens=30, ignore_eos=True)]
+    if ahead:
+        params[2] = SamplingParams(max_tokens=40, temperature=1.0, top_p=0.9, ignore_eos=True)
     for i, p in enumerate(_prompts(12, seed=3)):
         eng.add_request(f"r{i}", p, params[i % 3])
     for _ in range(8):  # prefill done, a few decode steps warm up
         eng.step()
     assert all(s.num_computed_tokens >= s.num_prompt_tokens for s in eng.requests.values())
     torch.cuda.synchronize()
-    counts = []
+    counts, waits = [], []
+    real_result = PendingSamples.result
+
+    def result(self):
+        waits.append(1)
+        return real_result(self)
+
+    launched = eng.stats()["num_async_steps"]
+    PendingSamples.result = result
     torch.cuda.set_sync_debug_mode("warn")
     try:
         for _ in range(10):
@@ -100,11 +115,14 @@ def test_one_host_sync_per_decode_step(ckpt):
                 outs = eng.step()
             assert len(outs) == 12
             syncs = [w for w in caught if "synchroniz" in str(w.message)]
-            counts.append(len(syncs))
+            counts.append((len(syncs), len(waits)))
+            waits.clear()
             where = sorted({f"{w.filename}:{w.lineno}" for w in syncs})
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert counts == [1] * 10, (counts, where)
+        PendingSamples.result = real_result
+    assert counts == [(0, 1)] * 10, (counts, where)
+    assert eng.stats()["num_async_steps"] - launched == (10 if ahead else 0)
 
 
 def test_kv_sized_from_profile_within_utilization(ckpt):

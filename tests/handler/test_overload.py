@@ -79,9 +79,9 @@ def test_a_slow_first_step_is_not_queueing(loop, make_worker):
     runner = w.engine.engine.runner
     execute = runner.execute
 
-    def slow_forward(scheduled):  # the step has taken the job: its forward alone outlasts the timeout
+    def slow_forward(scheduled, **kw):  # the step has taken the job: its forward alone outlasts the timeout
         time.sleep(0.5)
-        return execute(scheduled)
+        return execute(scheduled, **kw)
 
     runner.execute = slow_forward
     t0 = time.monotonic()

@@ -62,3 +62,11 @@ def test_engine_refusal_names_the_variable():
     with pytest.raises(SettingsError) as info:
         check_engine_settings(dataclasses.replace(s, block_size=12))  # past the table, the engine refuses
     assert str(info.value).startswith("BLOCK_SIZE=")
+
+
+def test_async_scheduling_reaches_the_engine_config():
+    from handler.engine_setup import engine_config
+
+    assert engine_config(load_settings({}), "m").async_scheduling is None  # the engine's own: on with CUDA
+    assert engine_config(load_settings({"ASYNC_SCHEDULING": "1"}), "m").async_scheduling is True
+    assert engine_config(load_settings({"ASYNC_SCHEDULING": "false"}), "m").async_scheduling is False

@@ -25,8 +25,10 @@ SEEDS = list(range(size(4, 25)))
 
 
 def make_engine(model_dir: str, faults: dict | None = None) -> LLMEngine:
+    # faults are injected at step numbers and turn asynchronous scheduling off, so the
+    # fault-free baseline runs without it too: both number their steps alike
     return LLMEngine(EngineConfig(model=model_dir, max_model_len=256, num_kv_blocks=128, block_size=16,
-                                  max_num_batched_tokens=48, fault_injection=faults))
+                                  max_num_batched_tokens=48, fault_injection=faults, async_scheduling=False))
 
 
 def params(max_tokens: int) -> SamplingParams:

@@ -37,6 +37,7 @@ def force(worker, text: str) -> list[str]:
 
     engine = worker.engine.engine
     target = engine.tokenizer.encode(text, add_special_tokens=False) + [engine.tokenizer.eos_token_id]
+    engine.ahead = None  # the scripted samples reach the host only: every step synchronous
     engine.sampler.sample = lambda logits, seqs, *a, **k: [
         SampleResult(target[min(s.num_output_tokens, len(target) - 1)], 0.0, None) for s in seqs]
     return record_prompts(worker)
