@@ -78,7 +78,7 @@ class AsyncScheduling:
         eng = self.engine
         seqs = [seq for seq, _ in scheduled]
         logits = eng.runner.execute(scheduled, input_ids=input_ids)
-        pending = eng.sampler.launch(logits, seqs)
+        pending = eng.sampler.launch(logits, seqs, plain=True)  # every row passed can_run_ahead
         eng.step_count += 1
         for seq, n in scheduled:
             eng.scheduler.advance(seq, n)  # its next token is in `pending`, not yet in token_ids

@@ -116,14 +116,15 @@ class Sampler:
         return self.launch(logits, seqs, prompt, masks).result()
 
     def launch(self, logits: torch.Tensor, seqs: list[Sequence], prompt: PromptRows | None = None,
-               masks=None) -> "PendingSamples":
+               masks=None, plain: bool = False) -> "PendingSamples":
         """sample() without waiting: the device work is queued and its results start their
-        copy to the host; PendingSamples.tokens (on the device) can feed the next step."""
+        copy to the host; PendingSamples.tokens (on the device) can feed the next step.
+        plain: no row has edits, penalties or bans (the caller checked), so none are looked for."""
         n = len(seqs)
         logits = logits.float()
         prompt_logits, logits = logits[n:], logits[:n]
         dev = logits.device
-        x = self._edit(logits, seqs, masks)
+        x = logits if plain else self._edit(logits, seqs, masks)
         tokens = x.argmax(dim=-1)
         for row, seq in enumerate(seqs):
             if seq.params.greedy:
