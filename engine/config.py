@@ -31,7 +31,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_cache_ttl_s: float | None = None  # cached blocks unused this long are never reused
     gpu_memory_utilization: float = 0.9  # fraction of the GPU's memory the engine may fill (weights, activations, KV)
-    enforce_eager: bool = False  # True: no CUDA graphs for decode
+    enforce_eager: bool = False  # True: no CUDA graphs at all
+    # steps that are not pure decode (prefill chunks, with or without decodes) of up to this many tokens
+    # replay CUDA graphs too (engine.mixed_graphs); 0: they run eagerly. Larger steps always run eagerly.
+    max_cudagraph_tokens: int = 512
     # steady decode steps launched while the previous one runs (engine.async_scheduling); False: every step waits.
     # None: on CUDA only (on the CPU a forward runs as it is launched: nothing would overlap, and each output
     # would reach its stream one step late)
@@ -79,6 +82,10 @@ class EngineConfig:
                                     field="tensor_parallel_size")
         if not isinstance(self.enforce_eager, bool):
             raise InvalidInputError("enforce_eager must be true or false", field="enforce_eager")
+        mct = self.max_cudagraph_tokens
+        if not isinstance(mct, int) or isinstance(mct, bool) or not 0 <= mct <= 8192:
+            raise InvalidInputError(f"max_cudagraph_tokens must be an integer in [0, 8192], got {mct!r}",
+                                    field="max_cudagraph_tokens")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise InvalidInputError("async_scheduling must be true, false or unset", field="async_scheduling")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -42,6 +42,7 @@ class DecodeGraphs:
         self.qsl = torch.arange(self.max_batch + 1, dtype=torch.int32, device=dev)
         self.tables = torch.zeros(self.max_batch, W, dtype=torch.int32, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None  # the graphs' memory pool (engine.mixed_graphs captures into it too)
         self.capture_seconds = 0.0
 
     def _context(self, bs: int) -> ForwardContext:
@@ -59,7 +60,7 @@ class DecodeGraphs:
         """Largest batch first, so the smaller graphs fit in the pool it made.
         Each size runs eagerly first: kernels compile and tune outside capture."""
         t0 = time.monotonic()
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
             self._forward(bs)

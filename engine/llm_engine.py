@@ -109,7 +109,8 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks)
         if self.device.startswith("cuda"):
             if not config.enforce_eager:
-                self.runner.capture_graphs(min(config.max_num_seqs, 512))  # under TP: every rank its own
+                mixed = min(config.max_cudagraph_tokens, budget)
+                self.runner.capture_graphs(min(config.max_num_seqs, 512), mixed)  # under TP: every rank its own
             log_gpu_memory(num_blocks, config, self.memory)
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                      ttl_s=config.prefix_cache_ttl_s)

@@ -20,6 +20,15 @@ def kv_bytes_per_block(spec, block_size: int, dtype) -> int:
     return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+def mixed_graph_reserve(peak: int, budget: int, graph_tokens: int) -> int:
+    """Memory for the mixed-step graphs (engine.mixed_graphs), an estimate: the profiled
+    full-budget step's activation peak scaled to the graphs' largest token count, plus 256 MiB
+    for what does not scale with tokens (a dequantized weight of the large-M GEMMs)."""
+    if not graph_tokens:
+        return 0
+    return int(peak * graph_tokens / budget) + GRAPH_RESERVE_BYTES
+
+
 def num_kv_blocks(runner, config, max_model_len: int, max_num_batched_tokens: int, memory: dict) -> int:
     """Blocks for the KV cache; the CUDA figures it weighed go into `memory`. The profiled
     forward runs here (a full token budget over max_num_seqs sequences, all sampling)."""
@@ -28,7 +37,8 @@ def num_kv_blocks(runner, config, max_model_len: int, max_num_batched_tokens: in
         peak = runner.profile_peak_bytes(max_num_batched_tokens, config.max_num_seqs)
         free, total = torch.cuda.mem_get_info()
         in_use = total - free  # weights, CUDA context, cuBLAS workspaces, other processes
-        graphs = 0 if config.enforce_eager else GRAPH_RESERVE_BYTES
+        graphs = 0 if config.enforce_eager else GRAPH_RESERVE_BYTES + mixed_graph_reserve(
+            peak, max_num_batched_tokens, min(config.max_cudagraph_tokens, max_num_batched_tokens))
         budget = total * config.gpu_memory_utilization - in_use - peak - graphs
         memory.update(total_bytes=total, in_use_before_kv_bytes=in_use, activation_peak_bytes=peak,
                       kv_budget_bytes=max(0, int(budget)))

@@ -3,7 +3,8 @@ and attention metadata, forward, logits of the positions that sample.
 
 Inputs are built on the host in numpy and reach the device by asynchronous
 copies from pinned buffers, so preparing a step never waits for the GPU.
-Decode steps replay CUDA graphs (engine.cuda_graph) unless enforce_eager."""
+Decode steps replay CUDA graphs (engine.cuda_graph), and so do other steps of up to
+max_cudagraph_tokens tokens (engine.mixed_graphs), unless enforce_eager."""
 from __future__ import annotations
 
 import itertools
@@ -32,8 +33,8 @@ class HostBuffers:
         self.ids_t, self.ids = buf(max_tokens, torch.int64)
         self.pos_t, self.pos = buf(max_tokens, torch.int64)
         self.slots_t, self.slots = buf(max_tokens, torch.int64)
-        self.ctx_t, self.ctx = buf(max_seqs, torch.int32)
-        self.qsl_t, self.qsl = buf(max_seqs + 1, torch.int32)
+        self.ctx_t, self.ctx = buf(max_seqs + 1, torch.int32)  # + 1: a mixed-step graph's padding sequence
+        self.qsl_t, self.qsl = buf(max_seqs + 2, torch.int32)
         self.rows_t, self.rows = buf(max_seqs, torch.int64)
         self.table_t = torch.empty(0, dtype=torch.int32)
         self.copied: torch.cuda.Event | None = None
@@ -76,13 +77,26 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         self.host = HostBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, pin=cuda)
         self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured (capture_graphs)
+        self.mixed = None  # engine.mixed_graphs.MixedGraphs once captured
 
-    def capture_graphs(self, max_batch: int) -> None:
-        """CUDA graphs of decode steps of 1..max_batch sequences (after the KV cache is allocated)."""
+    def capture_graphs(self, max_batch: int, max_mixed_tokens: int = 0) -> None:
+        """CUDA graphs of decode steps of 1..max_batch sequences and, when max_mixed_tokens,
+        of other steps of up to that many tokens (after the KV cache is allocated). Mixed
+        graphs that cannot be captured (out of memory) are left out: those steps run eagerly."""
         from engine.cuda_graph import DecodeGraphs
+        from engine.mixed_graphs import MixedGraphs
 
         self.graphs = DecodeGraphs(self.model, self.device, max_batch, self.max_blocks_per_seq)
         self.graphs.capture()
+        if max_mixed_tokens:
+            mixed = MixedGraphs(self.model, self.device, max_mixed_tokens, self.max_num_seqs, self.max_blocks_per_seq)
+            try:
+                mixed.capture(self.graphs.pool)
+            except torch.OutOfMemoryError:
+                log.warning("no memory for the mixed-step CUDA graphs: prefill and mixed steps run eagerly")
+                torch.cuda.empty_cache()
+                return
+            self.mixed = mixed
 
     def allocate_kv_cache(self, num_blocks: int):
         """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim]; each layer's K
@@ -236,7 +250,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]], prompt_rows=(),
                 input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [S, vocab] (float32) for the scheduled requests that sample, in order; then
+        """Logits [S, vocab] for the scheduled requests that sample, in order (float32, or the model's
+        dtype from a decode graph, valid until the next step); then
         the rows of `prompt_rows` (prompt_logprobs): (scheduled index, offset in its chunk, count).
         input_ids: a decode step's token ids on the device (the previous step's samples, not
         yet on the host), in place of the sequences' own."""
@@ -247,21 +262,31 @@ class ModelRunner:
             if input_ids is not None:  # queued after the copies and the sampling that made them
                 self.graphs.ids[: len(scheduled)].copy_(input_ids)
             self.mark_copied()
-            return self.graphs.replay(bs)[: len(scheduled)].float()
+            return self.graphs.replay(bs)[: len(scheduled)]  # the model's dtype; valid until the next step
+        tokens = sum(n for _, n in scheduled)
+        if self.mixed is not None and input_ids is None and self.mixed.can_run(tokens, len(scheduled)):
+            _, n_seqs, cols, rows, _ = self.fill_host(scheduled)
+            tb = self.mixed.padded_tokens(tokens)
+            self.mixed.copy_inputs(self.host, tokens, tb, n_seqs, cols)
+            rows_t = self._to_device(self.host.rows_t[: len(rows)])
+            self.mark_copied()
+            return self._logits(self.mixed.replay(tb), rows_t, scheduled, prompt_rows)
         ids, pos, ctx, rows_t = self.prepare(scheduled)
         if input_ids is not None:
             assert ctx.is_decode and len(input_ids) == len(scheduled)
             ids = input_ids
+        with forward_context(ctx):
+            hidden = self.model(ids, pos)
+        return self._logits(hidden, rows_t, scheduled, prompt_rows)
+
+    def _logits(self, hidden: torch.Tensor, rows_t: torch.Tensor, scheduled, prompt_rows) -> torch.Tensor:
+        """Float32 logits of the sampling rows of a step's hidden states, then its prompt_rows."""
         if prompt_rows:
             starts = np.cumsum([0] + [n for _, n in scheduled])
             extra = [int(starts[i]) + off + j for i, off, count in prompt_rows for j in range(count)]
             rows_t = torch.cat([rows_t, self._to_device(torch.tensor(extra, dtype=torch.int64))])
         if rows_t.numel() == 0:
-            with forward_context(ctx):
-                self.model(ids, pos)
             return torch.empty(0, self.model.spec.vocab_size, device=self.device)
-        with forward_context(ctx):
-            hidden = self.model(ids, pos)
         return self.model.compute_logits(hidden.index_select(0, rows_t)).float()
 
     @torch.inference_mode()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from engine.logits_processors import apply_edits, needs_edits
 from engine.logprobs import PositionLogprobs, PromptRows, device_parts, read_parts
 from engine.sequence import Sequence
@@ -88,7 +89,7 @@ class Sampler:
         (structured output's masks, allowed ids, bad words, logit bias, penalties, min_tokens bans)."""
         x, edited = logits, False
         if masks is not None:
-            x, edited = logits.clone(), True
+            x, edited = logits.to(torch.float32, copy=True), True
             masks.apply(x)
         for row, seq in enumerate(seqs):
             p = seq.params
@@ -96,7 +97,7 @@ class Sampler:
             penalties = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
             banned = [t for t in self._banned(seq) if t < logits.shape[-1]]  # ids past the vocab never come
             if (edits or penalties or banned) and not edited:
-                x, edited = logits.clone(), True
+                x, edited = logits.to(torch.float32, copy=True), True
             if edits:
                 apply_edits(x[row], seq)
             if penalties:
@@ -119,31 +120,35 @@ class Sampler:
                masks=None, plain: bool = False) -> "PendingSamples":
         """sample() without waiting: the device work is queued and its results start their
         copy to the host; PendingSamples.tokens (on the device) can feed the next step.
-        plain: no row has edits, penalties or bans (the caller checked), so none are looked for."""
+        plain: no row has edits, penalties or bans (the caller checked), so none are looked for.
+        logits may be in the model's dtype: one fused pass (kernels.logits_summary) gives every
+        row's argmax, the log-sum-exp of its raw logits and whether they are finite, so a
+        step of greedy rows without edits or logprobs makes no other pass over the vocabulary."""
         n = len(seqs)
-        logits = logits.float()
         prompt_logits, logits = logits[n:], logits[:n]
         dev = logits.device
+        tokens, packed, lse = kernels.logits_summary(logits)
         x = logits if plain else self._edit(logits, seqs, masks)
-        tokens = x.argmax(dim=-1)
-        for row, seq in enumerate(seqs):
-            if seq.params.greedy:
-                continue
-            probs = torch.softmax(_filter(x[row], seq), -1)
-            noise = torch.empty_like(probs).exponential_(generator=self._generator(seq, dev))
+        sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+        if x is not logits:
+            tokens = x.argmax(dim=-1)
+        for row in sampled:
+            probs = torch.softmax(_filter(x[row].float(), seqs[row]), -1)
+            noise = torch.empty_like(probs).exponential_(generator=self._generator(seqs[row], dev))
             tokens[row] = (probs / noise).argmax()
-        raw = torch.log_softmax(logits, dim=-1)
-        chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1)
-        finite = torch.isfinite(logits).all(dim=-1)
-        parts = [tokens.to(torch.float64), chosen.double(), finite.double()]
+        if x is not logits or sampled:  # the chosen tokens' raw logprobs, from the same lse
+            chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float() - lse
+            packed = torch.stack([tokens.double(), chosen.double(), packed[:, 2]], 1)
+        parts = [packed.flatten()]
         asked = [row for row, seq in enumerate(seqs) if seq.params.logprobs is not None]
         k = max((seqs[r].params.logprobs for r in asked), default=0)
         if asked:  # one gather of the rows that asked
             idx = _ids(asked, dev)
-            parts += device_parts(raw.index_select(0, idx), tokens.index_select(0, idx), k)
+            raw = logits.index_select(0, idx).float() - lse.index_select(0, idx).unsqueeze(1)
+            parts += device_parts(raw, tokens.index_select(0, idx), k)
         if prompt is not None:
-            parts += _prompt_parts(prompt_logits, prompt)
-        return PendingSamples(tokens, torch.cat(parts), seqs, asked, k, prompt)
+            parts += _prompt_parts(prompt_logits.float(), prompt)
+        return PendingSamples(tokens, torch.cat(parts) if len(parts) > 1 else parts[0], seqs, asked, k, prompt)
 
 
 class PendingSamples:
@@ -167,7 +172,7 @@ class PendingSamples:
             self.done.synchronize()
         host = self.packed.tolist()
         seqs, asked, k, n = self.seqs, self.asked, self.k, len(self.seqs)
-        token_list, chosen_list, finite_list = host[:n], host[n : 2 * n], host[2 * n : 3 * n]
+        token_list, chosen_list, finite_list = host[0 : 3 * n : 3], host[1 : 3 * n : 3], host[2 : 3 * n : 3]
         tops, at = read_parts(host, 3 * n, [int(token_list[r]) for r in asked], [seqs[r].params.logprobs for r in asked],
                               k)
         top_of = dict(zip(asked, tops))

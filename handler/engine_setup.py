@@ -21,7 +21,8 @@ ENGINE_FIELDS = {
     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "enable_prefix_caching": "ENABLE_PREFIX_CACHING",
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "num_kv_blocks": "NUM_KV_BLOCKS", "seed": "SEED",
     "fault_injection": "FAULT_INJECTION", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
-    "enforce_eager": "ENFORCE_EAGER", "async_scheduling": "ASYNC_SCHEDULING", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S", "max_logprobs": "MAX_LOGPROBS",
+    "enforce_eager": "ENFORCE_EAGER", "async_scheduling": "ASYNC_SCHEDULING",
+    "max_cudagraph_tokens": "MAX_CUDAGRAPH_TOKENS", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S", "max_logprobs": "MAX_LOGPROBS",
     "allow_special_tokens_in_content": "ALLOW_SPECIAL_TOKENS_IN_CONTENT", "kv_cache_dtype": "KV_CACHE_DTYPE",
     "tokenizer": "TOKENIZER_NAME", "tokenizer_revision": "TOKENIZER_REVISION", "chat_template": "CUSTOM_CHAT_TEMPLATE",
 }
@@ -44,7 +45,7 @@ def engine_config(settings: Any, model: str):
         gpu_memory_utilization=settings.gpu_memory_utilization, num_kv_blocks=settings.num_kv_blocks,
         seed=settings.seed, fault_injection=settings.fault_injection,
         tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
-        async_scheduling=settings.async_scheduling,
+        async_scheduling=settings.async_scheduling, max_cudagraph_tokens=settings.max_cudagraph_tokens,
         prefix_cache_ttl_s=settings.prefix_cache_ttl_s or None,
         allow_special_tokens_in_content=settings.allow_special_tokens_in_content,
         kv_cache_dtype=settings.kv_cache_dtype, tokenizer=settings.tokenizer_name,

@@ -129,6 +129,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SEED", "int", 0, "Engine seed for requests without their own seed.", minimum=0, group="model"),
     _s("ENFORCE_EAGER", "bool", False, "No CUDA graphs for decode steps (they are captured at load, batch sizes 1 to "
        "MAX_NUM_SEQS, and replayed for every decode step).", group="model"),
+    _s("MAX_CUDAGRAPH_TOKENS", "int", 512, "Prefill and mixed prefill + decode steps of up to this many tokens "
+       "replay CUDA graphs too (captured at load for 16 to this many tokens); larger steps run eagerly. 0: only "
+       "decode steps use graphs.", minimum=0, maximum=8192, group="model"),
     _s("ASYNC_SCHEDULING", "bool", None, "Launch each steady decode step while the previous one still runs, its "
        "input tokens read on the GPU (vLLM's async scheduling); steps with structured output, penalties, logit bias "
        "or new requests to admit wait as before. False: every step waits for its samples. Unset: on with a GPU, off "

@@ -20,6 +20,7 @@ from kernels.kv_cache import FP8_DTYPES, write_kv_cache
 from kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from kernels.norm import fused_add_rms_norm, rms_norm
 from kernels.rotary import rotary_embedding
+from kernels.sampling import logits_summary
 from kernels.token_mask import apply_token_bitmask
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "awq_prepare",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",
+    "logits_summary",
     "pack_awq_int4",
     "paged_decode_attention",
     "paged_prefill_attention",

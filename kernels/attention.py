@@ -10,7 +10,9 @@ Gemma 2's logit soft-capping (scores = cap * tanh(scores / cap), on the
 scaled scores before the mask and the softmax).
 Triton kernels: split-KV decode (one program per sequence, KV head and split,
 all query heads of the group together, then a reduction over splits) and a
-flash-style causal prefill; the PyTorch references (CPU path and oracle) live
+flash-style causal prefill over flattened q-blocks (T // BLOCK_M + B programs
+per query head, a grid of shapes only: no host sync, capturable in a CUDA
+graph; see _prefill_kernel); the PyTorch references (CPU path and oracle) live
 in kernels/attention_reference.py. Window and soft-capping are constexpr flags
 of the kernels: without them the kernels compile to the code they had before.
 An FP8 cache (kernels/kv_cache.py) is read as K * k_scale, V * v_scale: keys and
@@ -64,8 +66,8 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, 
     """q [T, Hq, D] packed; query_start_loc int32 [B+1]; context_lens int32 [B]
     (cached prefix + new tokens, whose KV is already written) -> [T, Hq, D].
     Query token i of sequence b sits at position context_lens[b] - n_b + i.
-    max_query_len (the largest n_b), when the caller knows it, spares the
-    Triton path a host synchronisation; it must not be smaller than the truth.
+    max_query_len is ignored (kept for compatibility): the Triton grid follows
+    shapes only, so the launch needs no host synchronisation.
     sliding_window / softcap / k_scale, v_scale: see paged_decode_attention."""
     _check_options(sliding_window, softcap)
     opts = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
@@ -316,15 +318,22 @@ def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, cl_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, cap_log2, v_scale, window, GROUP, D,
+    qk_scale, cap_log2, v_scale, window, GROUP, D, B,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, FP32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
+    # flattened q-blocks: sequence b owns blocks Q_b = qsl[b] // BLOCK_M + b onwards,
+    # cdiv(n_b, BLOCK_M) of them, all below Q_{b+1}; program p serves the largest b
+    # (< B) with Q_b <= p, block p - Q_b of it (nothing when that is past n_b)
+    p_id = tl.program_id(0)
+    h = tl.program_id(1)
     hkv = h // GROUP
+    idx = tl.arange(0, BLOCK_B)
+    qs = tl.load(qsl_ptr + idx, mask=idx <= B, other=0)
+    b = tl.sum(((qs // BLOCK_M + idx <= p_id) & (idx < B)).to(tl.int32), axis=0) - 1
     q_start = tl.load(qsl_ptr + b)
+    tile = p_id - (q_start // BLOCK_M + b)
     n_new = tl.load(qsl_ptr + b + 1) - q_start
     ctx = tl.load(cl_ptr + b)
     prefix = ctx - n_new
@@ -375,28 +384,28 @@ def _prefill_kernel(
 
 def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None, *,
                    sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
-    """The Triton prefill (one host sync for the longest query when max_new is None)."""
+    """The Triton prefill: a grid of (T // BLOCK_M + B, Hq) programs, shapes only (no host
+    sync, fixed inside a CUDA graph); max_new is ignored (kept for compatibility). Sequences
+    may be empty (padding) and q may hold rows past query_start_loc[B]: those stay unwritten."""
     T, HQ, D = q.shape
     q, block_size, HKV = _paged_layout(q, k_cache, v_cache)
     B = query_start_loc.shape[0] - 1
     out = torch.empty(T, HQ, D, dtype=q.dtype, device=q.device)
-    if max_new is None:  # one host sync
-        max_new = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    if max_new == 0:
+    if B == 0:
         return out
     fp32 = q.dtype == torch.float32
     if q.device.type == "cuda":
         block_m, block_n, warps, stages = (64, 32, 4, 2) if fp32 else (128, 64, 8, 3)
     else:
         block_m, block_n, warps, stages = 16, 16, 4, 1
-    grid = (-(-max_new // block_m), B, HQ)
+    grid = (T // block_m + B, HQ)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        *_score_args(scale, softcap, k_scale, v_scale), sliding_window or 0, HQ // HKV, D,
+        *_score_args(scale, softcap, k_scale, v_scale), sliding_window or 0, HQ // HKV, D, B,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(D),
-        FP32=fp32, WINDOW=sliding_window is not None, SOFTCAP=softcap is not None,
+        FP32=fp32, WINDOW=sliding_window is not None, SOFTCAP=softcap is not None, BLOCK_B=next_pow2(B + 1),
         num_warps=warps, num_stages=stages,
     )
     return out

@@ -52,8 +52,9 @@ class TPModelRunner:
         mine, others = self._everywhere("profile_peak_bytes", num_tokens, num_seqs)
         return max([mine, *others])
 
-    def capture_graphs(self, max_batch: int):
-        """Each rank captures its decode graphs (NCCL collectives inside), in the same order."""
+    def capture_graphs(self, max_batch: int, max_mixed_tokens: int = 0):
+        """Each rank captures its decode graphs (NCCL collectives inside), in the same order.
+        Mixed-step graphs are not captured under tensor parallelism (those steps run eagerly)."""
         self.workers.send("graphs", max_batch)
         self.local.capture_graphs(max_batch)
         self.workers.gather()

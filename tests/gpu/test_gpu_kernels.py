@@ -341,3 +341,31 @@ def test_norm_rotary_silu_kv_write_real_shapes(dtype, gen):
     kv_cache.write_kv_cache(key, val, kc, vc, slots)
     assert torch.equal(kc.nan_to_num(0), kc_ref.nan_to_num(0)) and torch.equal(kc.isnan(), kc_ref.isnan())
     assert torch.equal(vc.nan_to_num(0), vc_ref.nan_to_num(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_summary_real_vocab_and_in_cuda_graph(dtype, gen):
+    """The fused argmax / log-sum-exp / finite pass at Qwen2.5's vocabulary: the reference's
+    tokens (ties to the first index), lse, flags; then replayed in a CUDA graph on new logits."""
+    from kernels import sampling
+
+    V = 152064
+    logits = _rand((50, V), dtype, gen, scale=4.0)
+    logits[3, 100] = logits[3, 151000] = logits[3].max() + 1  # a tie across chunks: the first wins
+    logits[7, 5] = float("nan")
+    logits[8, 9] = float("inf")
+    got, want = sampling.logits_summary(logits), sampling.logits_summary_reference(logits)
+    ok = torch.tensor([r not in (7, 8) for r in range(50)], device="cuda")
+    assert torch.equal(got[0][ok], want[0][ok]) and int(got[0][3]) == 100
+    assert torch.equal(got[1][:, 2], want[1][:, 2]) and got[1][7, 2] == 0 and got[1][8, 2] == 0
+    torch.testing.assert_close(got[2][ok], want[2][ok], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1][ok, 1], want[1][ok, 1], rtol=1e-5, atol=1e-5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.logits_summary(logits)
+    for _ in range(2):
+        logits.copy_(_rand((50, V), dtype, gen, scale=4.0))
+        graph.replay()
+        want = sampling.logits_summary_reference(logits)
+        assert torch.equal(out[0], want[0])
+        torch.testing.assert_close(out[2], want[2], rtol=1e-5, atol=1e-5)

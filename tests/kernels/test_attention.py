@@ -210,6 +210,40 @@ def test_prefill_window_softcap_matches_reference(dtype, window, softcap, block_
     assert_close(out, ref, dtype, rng.initial_seed(), f"prefill W={window} cap={softcap}")
 
 
+def test_prefill_mixed_decode_rows_and_long_prompt(rng, poisoned):
+    """Many one-token sequences (decode rows, deep in their contexts) and one long
+    prompt after a cached prefix, in one flattened launch; the prompt straddles
+    q-block boundaries at an offset that is not a multiple of BLOCK_M."""
+    block_size, hq, hkv, d = 8, 4, 2, 32
+    seqs = [(1, 5 + 3 * i) for i in range(11)] + [(45, 21)] + [(1, 2), (1, 40)]
+    q, k, v, tables, qsl, lens = _prefill_inputs(rng, seqs, block_size, hq, hkv, d, torch.float32)
+    ref = paged_prefill_attention_reference(q, k, v, tables, qsl, lens, 0.2)
+    with poisoned():
+        out = paged_prefill_attention(q, k, v, tables, qsl, lens, 0.2)
+    assert_close(out, ref, torch.float32, rng.initial_seed(), "mixed prefill + decode")
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_prefill_padding_sequences_and_rows(window, rng, poisoned):
+    """A batch padded as a CUDA graph pads it: empty sequences after the real ones
+    (query_start_loc repeated, context 0) and q rows past query_start_loc[B]. The
+    real rows equal the reference on the unpadded inputs; padding rows are ignored."""
+    block_size, hq, hkv, d = 8, 4, 2, 32
+    seqs = [(1, 9), (18, 0), (0, 4), (7, 12), (1, 30)]
+    q, k, v, tables, qsl, lens = _prefill_inputs(rng, seqs, block_size, hq, hkv, d, torch.float32)
+    ref = paged_prefill_attention_reference(q, k, v, tables, qsl, lens, 0.2, sliding_window=window)
+    extra_seqs, extra_rows = 37, 21  # B + 1 = 43: BLOCK_B 64, padding programs past every real block
+    t = q.shape[0]
+    qp = torch.cat([q, torch.randn(extra_rows, hq, d, generator=rng)])
+    qslp = torch.cat([qsl, qsl[-1:].repeat(extra_seqs)])
+    lensp = torch.cat([lens, torch.zeros(extra_seqs, dtype=torch.int32)])
+    tablesp = torch.cat([tables, torch.zeros(extra_seqs, tables.shape[1], dtype=torch.int32)])
+    with poisoned():
+        out = paged_prefill_attention(qp, k, v, tablesp, qslp, lensp, 0.2, sliding_window=window)
+    assert out.shape == qp.shape
+    assert_close(out[:t], ref, torch.float32, rng.initial_seed(), f"padded prefill W={window}")
+
+
 def _poison_unseen_blocks(k, v, tables, first_seen, lens):
     """NaN in every cache block holding no key that some query sees (keys
     [first_seen[b], lens[b]) of sequence b): blocks before the windows, past the
