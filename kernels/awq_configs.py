@@ -153,6 +153,11 @@ def kpack_configs(M: int, dtype, device) -> list:
         return [DENSE] + [kpack_config(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128)
                           for bn in (128, 256) for s in (3, 4) if (bm, bn) != (128, 256)] + \
             [kpack_config(128, 128, warps=8)] + swapped[:-1] + (swapped[-1:] if M > 128 else [])
+    if M <= 512:
+        # a mixed step of a chunk beside decodes (MAX_CUDAGRAPH_TOKENS = 512): the dense path
+        # writes and reads the whole layer in bf16 each step; the largest tiles may beat it
+        return [DENSE] + [kpack_config(128, 128, warps=8, stages=s, grid="tiles") for s in (3, 4)] + \
+            [kpack_config(128, 128, warps=8), swapped[-1], swapped[4]]
     return [DENSE]
 
 

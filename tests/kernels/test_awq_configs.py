@@ -41,6 +41,6 @@ def test_first_checkpoint_candidate_is_plain_triton():
 def test_kpack_candidates_are_distinct(monkeypatch):
     monkeypatch.setattr(awq_configs, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")
-    for M in (1, 16, 64, 256, 1024):
+    for M in (1, 16, 64, 256, 512, 1024):
         cands = kpack_configs(M, torch.bfloat16, cuda)
         assert len({tuple(sorted(c.items())) for c in cands}) == len(cands), M
