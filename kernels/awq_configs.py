@@ -142,7 +142,7 @@ def kpack_configs(M: int, dtype, device) -> list:
     # columns its M (64 per warpgroup); 8 warps are two warpgroups sharing the x tile
     swapped = [kpack_config(bm, bn, warps=w, stages=st, swap=True) for bm, bn, w, st in
                ((64, 128, 4, 3), (64, 256, 8, 3), (128, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3),
-                (128, 64, 4, 4), (256, 128, 8, 3))]
+                (128, 64, 4, 4))]  # not (256, 128, 8, 3): 336 KB of shared memory for sm_90 (benchmarks/kernel_sass.py), over the limit
     if M <= 64:
         # taller tiles, unswapped and swapped
         return [kpack_config(16, 64), kpack_config(32, 64), kpack_config(32, 128), kpack_config(64, 64),
@@ -152,12 +152,12 @@ def kpack_configs(M: int, dtype, device) -> list:
         # (128, 256) unswapped needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
         return [DENSE] + [kpack_config(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128)
                           for bn in (128, 256) for s in (3, 4) if (bm, bn) != (128, 256)] + \
-            [kpack_config(128, 128, warps=8)] + swapped[:-1] + (swapped[-1:] if M > 128 else [])
+            [kpack_config(128, 128, warps=8)] + swapped
     if M <= 512:
         # a mixed step of a chunk beside decodes (MAX_CUDAGRAPH_TOKENS = 512): the dense path
         # writes and reads the whole layer in bf16 each step; the largest tiles may beat it
         return [DENSE] + [kpack_config(128, 128, warps=8, stages=s, grid="tiles") for s in (3, 4)] + \
-            [kpack_config(128, 128, warps=8), swapped[-1], swapped[4]]
+            [kpack_config(128, 128, warps=8), swapped[4]]
     return [DENSE]
 
 
