@@ -110,15 +110,18 @@ def ckpt_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 # the K-packed layout (kernels.awq_kpack)
 
 
-def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False):
+def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, onedot=False):
     """A config of the kpack kernel: BLOCK_M x BLOCK_N tiles; grid "auto" (the programs
     resident per SM times the SMs), "tiles" (one program per tile) or a program count;
-    swap computes out^T = W^T x^T."""
+    swap computes out^T = W^T x^T; onedot (with swap, groups of 128 or more; ignored
+    otherwise) one dot of K = 128 a block instead of eight (awq_kpack._one_dot)."""
     c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
     if maxnreg:
         c["maxnreg"] = maxnreg
     if swap:
         c["swap"] = True
+    if onedot:
+        c["onedot"] = True
     return c
 
 
@@ -127,7 +130,8 @@ def kpack_configs(M: int, dtype, device) -> list:
     if a shape is first met inside a graph capture."""
     if device.type != "cuda":
         return [kpack_config(16, 32, grid=3), kpack_config(16, 32, grid="tiles"), kpack_config(32, 64, grid=5),
-                kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True)]
+                kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True),
+                kpack_config(16, 32, grid=3, swap=True, onedot=True)]
     if dtype == torch.float32:
         return [kpack_config(16, 64)] if M <= 64 else [DENSE]
     sms = sm_count(device)
@@ -137,7 +141,8 @@ def kpack_configs(M: int, dtype, device) -> list:
         # swapped BN 256 (wgmma with the weights in registers)
         return [kpack_config(16, 64), kpack_config(16, 128, warps=2, stages=4), kpack_config(16, 64, warps=2),
                 kpack_config(16, 128), kpack_config(16, 64, warps=2, stages=4), kpack_config(16, 64, grid=2 * sms),
-                kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True)]
+                kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True),
+                kpack_config(16, 256, swap=True, onedot=True)]
     # swapped (wgmma, the weights in registers): BM rows of x are the wgmma's N, BN weight
     # columns its M (64 per warpgroup); 8 warps are two warpgroups sharing the x tile
     swapped = [kpack_config(bm, bn, warps=w, stages=st, swap=True) for bm, bn, w, st in
@@ -147,12 +152,14 @@ def kpack_configs(M: int, dtype, device) -> list:
         # taller tiles, unswapped and swapped
         return [kpack_config(16, 64), kpack_config(32, 64), kpack_config(32, 128), kpack_config(64, 64),
                 kpack_config(32, 64, warps=2), kpack_config(16, 128, warps=2, stages=4),
-                kpack_config(32, 128, swap=True)] + swapped[:2] + [DENSE]
+                kpack_config(32, 128, swap=True)] + swapped[:2] + [DENSE] + \
+            [kpack_config(32, 128, swap=True, onedot=True), kpack_config(64, 128, swap=True, onedot=True)]
     if M <= 256:
         # (128, 256) unswapped needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
         return [DENSE] + [kpack_config(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128)
                           for bn in (128, 256) for s in (3, 4) if (bm, bn) != (128, 256)] + \
-            [kpack_config(128, 128, warps=8)] + swapped
+            [kpack_config(128, 128, warps=8)] + swapped + \
+            [kpack_config(bm, 128, warps=w, swap=True, onedot=True) for bm, w in ((64, 4), (128, 8))]
     if M <= 512:
         # a mixed step of a chunk beside decodes (MAX_CUDAGRAPH_TOKENS = 512): the dense path
         # writes and reads the whole layer in bf16 each step; the largest tiles may beat it

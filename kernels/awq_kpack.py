@@ -144,6 +144,27 @@ def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.conste
     return loc, rows
 
 
+@jit_helper
+def _one_dot(ha, hb, zi, xbase, mmask, NBASE: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
+             A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """A swapped block of one quantization group as ONE dot of K = 128 (W^T's [BN, 128] x x^T's
+    [128, BM], unscaled): the 8 planes joined into one operand, whose K order from the joins is
+    K' = 8 r + 4 i + 2 j + k for plane 4 k + 2 j + i, row r, and x^T permuted to match (a sum
+    over K is the same in any order). Per-plane dots each wait for their wgmma (the SASS shows
+    8 drains a block: benchmarks/kernel_sass.py); one dot chains the 8 with one wait."""
+    x = tl.load(xbase + tl.arange(0, 128)[:, None], mask=mmask[None, :], other=0.0)  # rows 16 p + r
+    x = tl.reshape(tl.permute(tl.reshape(x, [2, 2, 2, 16, BLOCK_M]), (3, 2, 1, 0, 4)), [128, BLOCK_M])
+    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
+    zf = zi.to(tl.float32)[:, None]
+    lo = tl.join(tl.join(_plane(ha, 0, nz, zf, x, A0, EXACT), _plane(ha, 1, nz, zf, x, A1, EXACT)),
+                 tl.join(_plane(ha, 2, nz, zf, x, A2, EXACT), _plane(ha, 3, nz, zf, x, A3, EXACT)))
+    hi = tl.join(tl.join(_plane(hb, 0, nz, zf, x, A0, EXACT), _plane(hb, 1, nz, zf, x, A1, EXACT)),
+                 tl.join(_plane(hb, 2, nz, zf, x, A2, EXACT), _plane(hb, 3, nz, zf, x, A3, EXACT)))
+    b = tl.reshape(tl.join(lo, hi), [BLOCK_N, 128])
+    return _mma(x, b, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), True, EXACT)
+
+
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
 @lazy_jit(do_not_specialize=["U", "P", "C"])
 def _kpack_kernel(
@@ -152,7 +173,7 @@ def _kpack_kernel(
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr,
+    SWAP: tl.constexpr, ONEDOT: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
     of the tile-major (tile, 128-row block) sequence in one flat loop, so the
@@ -163,7 +184,8 @@ def _kpack_kernel(
     pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
     SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand
     (held in registers, where Hopper's wgmma takes its A) and x^T as the second
-    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then."""
+    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. ONEDOT (swapped,
+    G >= 128): each block in one dot of K = 128 (_one_dot) instead of eight of K = 16."""
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
@@ -202,8 +224,12 @@ def _kpack_kernel(
             ha = tl.load(hcol, mask=nmask[None, :], other=0)
             hb = tl.load(hcol + 16 * N, mask=nmask[None, :], other=0)
             xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + r16)[None, :]
+        if ONEDOT:
+            zi = tl.load(z_ptr + (k0 // G) * N + rn, mask=nmask, other=0).to(tl.int32)
+            xbase = x_ptr + rm[None, :].to(tl.int64) * stride_xm + k0
+            acc += _one_dot(ha, hb, zi, xbase, mmask, NBASE, A0, A1, A2, A3, EXACT, BLOCK_M, BLOCK_N) * s_blk[:, None]
         gacc = tl.zeros_like(acc)
-        for p in tl.static_range(8):
+        for p in tl.static_range(0 if ONEDOT else 8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
                 zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
@@ -374,6 +400,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
         A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=bool(cfg.get("swap")),
+        ONEDOT=bool(cfg.get("onedot")) and bool(cfg.get("swap")) and group_size >= 128,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":
