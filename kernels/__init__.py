@@ -6,6 +6,7 @@ TRITON_INTERPRET=1). Importing this package never touches CUDA.
 """
 from kernels.dispatch import use_triton
 from kernels.activation import gelu_tanh_and_mul, silu_and_mul
+from kernels.dense import dense_linear
 from kernels.attention import paged_decode_attention, paged_prefill_attention
 from kernels.awq import (
     AWQPrepared,
@@ -35,6 +36,7 @@ __all__ = [
     "awq_dequantize",
     "awq_gemm",
     "awq_linear",
+    "dense_linear",
     "awq_prepare",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",

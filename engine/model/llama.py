@@ -235,7 +235,7 @@ class LlamaForCausalLM(nn.Module):
         if self.tp.size > 1:
             logits = (self.embed_tokens if self.spec.tie_word_embeddings else self.lm_head).logits(hidden)
         elif self.spec.tie_word_embeddings:
-            logits = hidden @ self.embed_tokens.weight.t()
+            logits = kernels.dense_linear(hidden, self.embed_tokens.weight)
         else:
             logits = self.lm_head(hidden)
         cap = self.spec.extra.get("final_logit_softcapping")

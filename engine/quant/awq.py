@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -102,7 +101,7 @@ class AWQ(QuantMethod):
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.dense is not None:
-            return F.linear(x, layer.dense, bias)
+            return kernels.dense_linear(x, layer.dense, bias)
         if layer.prepared is not None:
             y = kernels.awq_linear(x, layer.prepared)
             return y + bias if bias is not None else y

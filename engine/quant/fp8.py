@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import UnsupportedModelError
 from engine.quant.base import QuantMethod
 from engine.quant.names import listed
+from kernels.dense import dense_linear
 from kernels.fp8 import FP8, dequantize_fp8, fp8_linear, fp8_prepare, fp8_qdq_per_token
 
 
@@ -104,7 +104,7 @@ def apply_fp8(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
     if group is not None:  # per token and group of the weight block's width
         lead, K = x.shape[:-1], x.shape[-1]
         x = fp8_qdq_per_token(x.reshape(-1, K), group).reshape(*lead, K)
-    return F.linear(x, w, bias)
+    return dense_linear(x, w, bias)
 
 
 @dataclass(frozen=True, slots=True)

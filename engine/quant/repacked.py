@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 import kernels
 from kernels.gptq_format import act_order, int4_to_awq
@@ -79,7 +78,7 @@ def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -
     for p in parts:
         xp = x.index_select(-1, p.perm) if p.perm is not None else x
         if p.dense is not None:
-            y = F.linear(xp, p.dense)
+            y = kernels.dense_linear(xp, p.dense)
         elif p.prepared is not None:
             y = kernels.awq_linear(xp, p.prepared)
         else:
