@@ -110,11 +110,12 @@ def ckpt_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 # the K-packed layout (kernels.awq_kpack)
 
 
-def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, onedot=False):
+def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, onedot=False, fold=None):
     """A config of the kpack kernel: BLOCK_M x BLOCK_N tiles; grid "auto" (the programs
     resident per SM times the SMs), "tiles" (one program per tile) or a program count;
     swap computes out^T = W^T x^T; onedot (with swap, groups of 128 or more; ignored
-    otherwise) one dot of K = 128 a block instead of eight (awq_kpack._one_dot)."""
+    otherwise) one dot of K = 128 a block instead of eight (awq_kpack._one_dot); fold (default:
+    swap) the scales multiply the dequantized weights instead of each group's sum."""
     c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
     if maxnreg:
         c["maxnreg"] = maxnreg
@@ -122,6 +123,8 @@ def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=Fals
         c["swap"] = True
     if onedot:
         c["onedot"] = True
+    if fold is not None and fold != swap:
+        c["fold"] = fold
     return c
 
 
@@ -131,7 +134,9 @@ def kpack_configs(M: int, dtype, device) -> list:
     if device.type != "cuda":
         return [kpack_config(16, 32, grid=3), kpack_config(16, 32, grid="tiles"), kpack_config(32, 64, grid=5),
                 kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True),
-                kpack_config(16, 32, grid=3, swap=True, onedot=True)]
+                kpack_config(16, 32, grid=3, swap=True, onedot=True), kpack_config(32, 64, grid=5, fold=True),
+                kpack_config(16, 32, grid=3, swap=True, fold=False),
+                kpack_config(16, 32, grid="tiles", swap=True, onedot=True, fold=False)]
     if dtype == torch.float32:
         return [kpack_config(16, 64)] if M <= 64 else [DENSE]
     sms = sm_count(device)

@@ -16,7 +16,11 @@ into two 16-bit floats q - z: shift, one LOP3 that masks the nibbles and ORs
 in 0x4300 (128.0 in bf16; 0x6400 = 1024.0 in fp16) so each half is OFF + q
 exactly, and one packed FMA that adds -(OFF + z). The half-words come in by
 ldmatrix from shared memory, pipelined over num_stages; no byte shuffles.
-The per-group scale is applied to the float32 partial sum of the group.
+The per-group scale is applied to the float32 partial sum of the group, or
+("fold", the swapped configs' default) multiplies the dequantized weights (one
+more packed FMA a pair, rounded once, as a dequantized checkpoint is): no
+second float32 accumulator, which in the sm_90 SASS frees registers and
+spills (benchmarks/NOTES.md).
 A "swap" config computes out^T = W^T x^T instead: the dequantized weights are
 the dot's first operand, which Hopper's wgmma takes from registers, and x^T
 the second, which it reads from shared memory: a warpgroup's wgmma covers 64
@@ -82,23 +86,33 @@ def kpack_dequantize_reference(qk, zeros, scales, group_size: int, dtype=torch.f
 
 
 @lru_cache(maxsize=None)
-def dequant_asm(j: int, dtype) -> str:
-    """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice)."""
+def dequant_asm(j: int, dtype, scaled: bool = False) -> str:
+    """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice);
+    scaled: (q - z) * s ($3: the scale twice), rounded once (q - z is exact), by an FMA with -0
+    (sm_80 has no bf16x2 multiply)."""
     magic, one, fma = (("0x43004300", "0x3F803F80", "fma.rn.bf16x2") if dtype == torch.bfloat16
                        else ("0x64006400", "0x3C003C00", "fma.rn.f16x2"))
     shift = f"shr.b32 t, $1, {4 * j}; lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;" if j else \
         f"lop3.b32 t, $1, 0x000F000F, {magic}, 0xEA;"
-    return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
+    if not scaled:
+        return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
+    return ("{ .reg .b32 t, one, nz; " + shift + f" mov.b32 one, {one}; mov.b32 nz, 0x80008000;"
+            f" {fma} t, t, one, $2; {fma} $0, t, $3, nz; }}")
 
 
 @jit_helper
-def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
+def _plane(h, j: tl.constexpr, nz, zf, sb, like, ASM: tl.constexpr, EXACT: tl.constexpr, FOLD: tl.constexpr):
     """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
-    dtype (float32 when EXACT); nz and zf are broadcast to h's shape."""
+    dtype (float32 when EXACT), times the scale when FOLD; nz, zf and sb (the scale in
+    like's dtype) are broadcast to h's shape."""
     if EXACT:
         b = ((h.to(tl.int32) >> (4 * j)) & 0xF).to(tl.float32) - zf
+        if FOLD:
+            b = b * sb.to(tl.float32)
         if like.dtype != tl.float32:
             b = b.to(like.dtype)
+    elif FOLD:
+        b = tl.inline_asm_elementwise(ASM, "=r,r,r,r", [h, nz, sb], dtype=like.dtype, is_pure=True, pack=2)
     else:
         b = tl.inline_asm_elementwise(ASM, "=r,r,r", [h, nz], dtype=like.dtype, is_pure=True, pack=2)
     return b
@@ -145,11 +159,11 @@ def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.conste
 
 
 @jit_helper
-def _one_dot(ha, hb, zi, xbase, mmask, NBASE: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
-             A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr, BLOCK_M: tl.constexpr,
+def _one_dot(ha, hb, zi, s_blk, xbase, mmask, acc, NBASE: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
+             A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr, FOLD: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr):
-    """A swapped block of one quantization group as ONE dot of K = 128 (W^T's [BN, 128] x x^T's
-    [128, BM], unscaled): the 8 planes joined into one operand, whose K order from the joins is
+    """acc + a swapped block of one quantization group as ONE dot of K = 128 (W^T's [BN, 128] x
+    x^T's [128, BM]): the 8 planes joined into one operand, whose K order from the joins is
     K' = 8 r + 4 i + 2 j + k for plane 4 k + 2 j + i, row r, and x^T permuted to match (a sum
     over K is the same in any order). Per-plane dots each wait for their wgmma (the SASS shows
     8 drains a block: benchmarks/kernel_sass.py); one dot chains the 8 with one wait."""
@@ -157,12 +171,17 @@ def _one_dot(ha, hb, zi, xbase, mmask, NBASE: tl.constexpr, A0: tl.constexpr, A1
     x = tl.reshape(tl.permute(tl.reshape(x, [2, 2, 2, 16, BLOCK_M]), (3, 2, 1, 0, 4)), [128, BLOCK_M])
     nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
     zf = zi.to(tl.float32)[:, None]
-    lo = tl.join(tl.join(_plane(ha, 0, nz, zf, x, A0, EXACT), _plane(ha, 1, nz, zf, x, A1, EXACT)),
-                 tl.join(_plane(ha, 2, nz, zf, x, A2, EXACT), _plane(ha, 3, nz, zf, x, A3, EXACT)))
-    hi = tl.join(tl.join(_plane(hb, 0, nz, zf, x, A0, EXACT), _plane(hb, 1, nz, zf, x, A1, EXACT)),
-                 tl.join(_plane(hb, 2, nz, zf, x, A2, EXACT), _plane(hb, 3, nz, zf, x, A3, EXACT)))
+    sb = tl.broadcast_to(s_blk.to(x.dtype)[:, None], [BLOCK_N, 16])
+    lo = tl.join(tl.join(_plane(ha, 0, nz, zf, sb, x, A0, EXACT, FOLD), _plane(ha, 1, nz, zf, sb, x, A1, EXACT, FOLD)),
+                 tl.join(_plane(ha, 2, nz, zf, sb, x, A2, EXACT, FOLD), _plane(ha, 3, nz, zf, sb, x, A3, EXACT, FOLD)))
+    hi = tl.join(tl.join(_plane(hb, 0, nz, zf, sb, x, A0, EXACT, FOLD), _plane(hb, 1, nz, zf, sb, x, A1, EXACT, FOLD)),
+                 tl.join(_plane(hb, 2, nz, zf, sb, x, A2, EXACT, FOLD), _plane(hb, 3, nz, zf, sb, x, A3, EXACT, FOLD)))
     b = tl.reshape(tl.join(lo, hi), [BLOCK_N, 128])
-    return _mma(x, b, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), True, EXACT)
+    if FOLD:
+        acc = _mma(x, b, acc, True, EXACT)
+    else:
+        acc += _mma(x, b, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), True, EXACT) * s_blk[:, None]
+    return acc
 
 
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
@@ -173,7 +192,7 @@ def _kpack_kernel(
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, ONEDOT: tl.constexpr,
+    SWAP: tl.constexpr, ONEDOT: tl.constexpr, FOLD: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
     of the tile-major (tile, 128-row block) sequence in one flat loop, so the
@@ -185,7 +204,9 @@ def _kpack_kernel(
     SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand
     (held in registers, where Hopper's wgmma takes its A) and x^T as the second
     (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. ONEDOT (swapped,
-    G >= 128): each block in one dot of K = 128 (_one_dot) instead of eight of K = 16."""
+    G >= 128): each block in one dot of K = 128 (_one_dot) instead of eight of K = 16. FOLD: the
+    scales multiply the dequantized weights (rounded once to x's dtype, as a dequantized
+    checkpoint is) instead of each group's float32 sum."""
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
@@ -227,42 +248,47 @@ def _kpack_kernel(
         if ONEDOT:
             zi = tl.load(z_ptr + (k0 // G) * N + rn, mask=nmask, other=0).to(tl.int32)
             xbase = x_ptr + rm[None, :].to(tl.int64) * stride_xm + k0
-            acc += _one_dot(ha, hb, zi, xbase, mmask, NBASE, A0, A1, A2, A3, EXACT, BLOCK_M, BLOCK_N) * s_blk[:, None]
-        gacc = tl.zeros_like(acc)
+            acc = _one_dot(ha, hb, zi, s_blk, xbase, mmask, acc, NBASE, A0, A1, A2, A3, EXACT, FOLD, BLOCK_M, BLOCK_N)
+        gacc = tl.zeros_like(acc)  # a group's unscaled sum (not FOLD)
         for p in tl.static_range(0 if ONEDOT else 8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
                 zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
-                if SWAP:
-                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
-                    zf = zi.to(tl.float32)[:, None]
-                else:
-                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
-                    zf = zi.to(tl.float32)[None, :]
                 if G >= 128:
                     sc = s_blk
                 else:
                     sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+                if SWAP:
+                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
+                    zf = zi.to(tl.float32)[:, None]
+                    sb = tl.broadcast_to(sc.to(x_ptr.dtype.element_ty)[:, None], [BLOCK_N, 16])
+                else:
+                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
+                    zf = zi.to(tl.float32)[None, :]
+                    sb = tl.broadcast_to(sc.to(x_ptr.dtype.element_ty)[None, :], [16, BLOCK_N])
             if SWAP:
                 x = tl.load(xrow + 16 * p, mask=mmask[None, :], other=0.0)
             else:
                 x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
             h = ha if p < 4 else hb
             if p % 4 == 0:
-                b = _plane(h, 0, nz, zf, x, A0, EXACT)
+                b = _plane(h, 0, nz, zf, sb, x, A0, EXACT, FOLD)
             elif p % 4 == 1:
-                b = _plane(h, 1, nz, zf, x, A1, EXACT)
+                b = _plane(h, 1, nz, zf, sb, x, A1, EXACT, FOLD)
             elif p % 4 == 2:
-                b = _plane(h, 2, nz, zf, x, A2, EXACT)
+                b = _plane(h, 2, nz, zf, sb, x, A2, EXACT, FOLD)
             else:
-                b = _plane(h, 3, nz, zf, x, A3, EXACT)
-            gacc = _mma(x, b, gacc, SWAP, EXACT)
-            if (p + 1) % PPG == 0:
-                if SWAP:
-                    acc += gacc * sc[:, None]
-                else:
-                    acc += gacc * sc[None, :]
-                gacc = tl.zeros_like(acc)
+                b = _plane(h, 3, nz, zf, sb, x, A3, EXACT, FOLD)
+            if FOLD:  # straight into acc: no per-group float32 sum
+                acc = _mma(x, b, acc, SWAP, EXACT)
+            else:
+                gacc = _mma(x, b, gacc, SWAP, EXACT)
+                if (p + 1) % PPG == 0:
+                    if SWAP:
+                        acc += gacc * sc[:, None]
+                    else:
+                        acc += gacc * sc[None, :]
+                    gacc = tl.zeros_like(acc)
         if (blk == NBLK - 1) | (u == u1 - 1):  # this program's part of tile t ends here
             if (u - blk >= u0) & (blk == NBLK - 1):  # the whole tile
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP)
@@ -394,13 +420,15 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     ws_t, cnt_t = ws
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     exact = x.dtype == torch.float32 or not x.is_cuda
-    asm = [""] * 4 if exact else [dequant_asm(j, x.dtype) for j in range(4)]
+    swap = bool(cfg.get("swap"))
+    fold = bool(cfg.get("fold", swap))
+    asm = [""] * 4 if exact else [dequant_asm(j, x.dtype, fold) for j in range(4)]
     kernel = _kpack_kernel[(P,)](
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
-        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=bool(cfg.get("swap")),
-        ONEDOT=bool(cfg.get("onedot")) and bool(cfg.get("swap")) and group_size >= 128,
+        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap,
+        ONEDOT=bool(cfg.get("onedot")) and swap and group_size >= 128, FOLD=fold,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":
