@@ -69,11 +69,11 @@ def launch_args(M: int, N: int, K: int, cfg: dict):
     fn = kernel_fn()
     BM, BN = cfg["BM"], cfg["BN"]
     swap = bool(cfg.get("swap"))
-    fold = bool(cfg.get("fold", swap))
+    fold = bool(cfg.get("fold"))
     asm = [awq_kpack.dequant_asm(j, torch.bfloat16, fold) for j in range(4)]
     const = dict(G=GROUP, NBLK=K // awq_kpack.ROWS, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN,
                  PPG=min(8, GROUP // 16), NBASE=0xC300, A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3],
-                 EXACT=False, SWAP=swap, ONEDOT=bool(cfg.get("onedot")) and swap, FOLD=fold)
+                 EXACT=False, SWAP=swap, FOLD=fold, S=min(awq_kpack.STRIPE, N))
     sig = dict(PTRS)
     attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in PTRS}
     for name, val in (("M", M), ("N", N), ("stride_xm", K), ("stride_om", N)):
@@ -201,8 +201,8 @@ def analyse(job: tuple) -> dict:
 
 
 def label(cfg: dict) -> str:
-    fold = "" if "fold" not in cfg else ("fold " if cfg["fold"] else "nofold ")
-    s = f"{'swap ' if cfg.get('swap') else ''}{'onedot ' if cfg.get('onedot') else ''}{fold}{cfg['BM']}x{cfg['BN']} w{cfg.get('warps', 4)} s{cfg.get('stages', 3)}"
+    fold = "fold " if cfg.get("fold") else ""
+    s = f"{'swap ' if cfg.get('swap') else ''}{fold}{cfg['BM']}x{cfg['BN']} w{cfg.get('warps', 4)} s{cfg.get('stages', 3)}"
     g = cfg.get("grid", "auto")
     return s + ("" if g == "auto" else f" g={g}") + (f" r{cfg['maxnreg']}" if cfg.get("maxnreg") else "")
 

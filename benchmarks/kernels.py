@@ -23,6 +23,7 @@ from kernels.awq import pack_awq_int4  # noqa: E402
 from benchmarks import int4_peers  # noqa: E402
 
 HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
+K1_SHAPES = [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]  # (K, N): qkv, o, gate+up, down
 GEN = None  # main(): the CUDA generator of every input (after --help, which needs no GPU)
 
 
@@ -112,15 +113,15 @@ def time_int4_peers(x, ref, peer_sets):
     return out
 
 
-def k1(bw, peak, ms):
+def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
     from kernels import awq
 
-    gemlite, why = int4_peers.load_gemlite()
+    gemlite, why = int4_peers.load_gemlite() if int4_peers_too else (None, "skipped")
     if gemlite is None:
         print("K1: no gemlite row:", why)
 
     rows = []
-    for K, N in [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]:
+    for K, N in shapes or K1_SHAPES:
         wbytes = K * N // 2 + (K // G) * N * 2 + (K // G) * N // 2
         sets, peer_sets = [], []
         for _ in range(nsets(wbytes)):
@@ -128,7 +129,7 @@ def k1(bw, peak, ms):
             qz = torch.randint(0, 16, (K // G, N), device="cuda", generator=GEN, dtype=torch.int32)
             sc = (torch.rand(K // G, N, device="cuda", generator=GEN) * 0.01 + 0.001).to(torch.bfloat16)
             sets.append((pack_awq_int4(q), pack_awq_int4(qz), sc))
-            peer_sets.append(int4_peers.build(gemlite, q, qz, sc, G))
+            peer_sets.append(int4_peers.build(gemlite, q, qz, sc, G) if int4_peers_too else {})
             del q, qz
         prepared = [awq.awq_prepare(*st, G) for st in sets]  # the engine's path: the K-packed layout
         dense = [kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
@@ -140,8 +141,10 @@ def k1(bw, peak, ms):
             ref = x.float() @ ref_w
             err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
             ours = bench_rot([lambda p=p: awq.awq_linear(x, p) for p in prepared])
-            kernels.awq_gemm(x, *sets[0], G)
-            ckpt = bench_rot([lambda st=st: kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
+            ckpt = None
+            if ckpt_too:  # the checkpoint layout's own kernel (its tuner compiles ~15 more configs a shape)
+                kernels.awq_gemm(x, *sets[0], G)
+                ckpt = bench_rot([lambda st=st: kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
             cublas = bench_rot([lambda w=w: x @ w for w in dense])
             peers = {"cublas": cublas, **time_int4_peers(x, ref, peer_sets)}
             peer = min(t for k, t in peers.items() if isinstance(t, float) and not k.endswith("_rel_err"))
@@ -155,7 +158,7 @@ def k1(bw, peak, ms):
             cands = [[str(c), t * 1e6] for c, t in TIMINGS.get((KPACK,) + shape_key(M, N, K, G, torch.bfloat16), [])]
             rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,
                             tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, config=str(cfg),
-                            candidates_us=cands, checkpoint_layout_us=ckpt * 1e6,
+                            candidates_us=cands, checkpoint_layout_us=None if ckpt is None else ckpt * 1e6,
                             **peer_fields(peers)))
             if not err < 1.5e-2:
                 rows[-1]["case"] += " WRONG"
@@ -278,15 +281,24 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
     ap.add_argument("--only", default="K1,K2,K3,K4")
     ap.add_argument("--ms", default="1,8,16,32,64,128,256,1024,4096")
+    ap.add_argument("--shapes", default=None, help="K1's layers as KxN,KxN (default: all four)")
+    ap.add_argument("--skip-ckpt", action="store_true", help="K1 without the checkpoint layout's kernel")
+    ap.add_argument("--skip-int4-peers", action="store_true", help="K1 with cuBLAS as its only peer")
+    ap.add_argument("--stripe", type=int, default=None,
+                    help="K1's kpack stripe width (default kernels.awq_kpack.STRIPE; 0: unstriped)")
     args = ap.parse_args()
     global GEN, PARTIAL
     GEN = torch.Generator(device="cuda").manual_seed(1234)
     PARTIAL = args.out + ".partial"
     bw, peak = ceilings()
+    if args.stripe is not None:
+        from kernels import awq_kpack
+        awq_kpack.STRIPE = args.stripe or 1 << 30
     rows = []
     only = args.only.split(",")
     if "K1" in only:
-        rows += k1(bw, peak, [int(m) for m in args.ms.split(",")])
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else None
+        rows += k1(bw, peak, [int(m) for m in args.ms.split(",")], shapes, not args.skip_ckpt, not args.skip_int4_peers)
     if "K2" in only:
         rows += k2(bw)
     if "K3" in only:

@@ -110,21 +110,19 @@ def ckpt_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 # the K-packed layout (kernels.awq_kpack)
 
 
-def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, onedot=False, fold=None):
+def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, fold=False):
     """A config of the kpack kernel: BLOCK_M x BLOCK_N tiles; grid "auto" (the programs
     resident per SM times the SMs), "tiles" (one program per tile) or a program count;
-    swap computes out^T = W^T x^T; onedot (with swap, groups of 128 or more; ignored
-    otherwise) one dot of K = 128 a block instead of eight (awq_kpack._one_dot); fold (default:
-    swap) the scales multiply the dequantized weights instead of each group's sum."""
+    swap computes out^T = W^T x^T; fold: the scales multiply the dequantized weights
+    instead of each group's sum (fewer registers, one more FMA a weight pair: on the H200
+    it won only swapped 32x128 at M = 32, benchmarks/NOTES.md session 14)."""
     c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
     if maxnreg:
         c["maxnreg"] = maxnreg
     if swap:
         c["swap"] = True
-    if onedot:
-        c["onedot"] = True
-    if fold is not None and fold != swap:
-        c["fold"] = fold
+    if fold:
+        c["fold"] = True
     return c
 
 
@@ -134,9 +132,7 @@ def kpack_configs(M: int, dtype, device) -> list:
     if device.type != "cuda":
         return [kpack_config(16, 32, grid=3), kpack_config(16, 32, grid="tiles"), kpack_config(32, 64, grid=5),
                 kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True),
-                kpack_config(16, 32, grid=3, swap=True, onedot=True), kpack_config(32, 64, grid=5, fold=True),
-                kpack_config(16, 32, grid=3, swap=True, fold=False),
-                kpack_config(16, 32, grid="tiles", swap=True, onedot=True, fold=False)]
+                kpack_config(32, 64, grid=5, fold=True), kpack_config(16, 32, grid=3, swap=True, fold=True)]
     if dtype == torch.float32:
         return [kpack_config(16, 64)] if M <= 64 else [DENSE]
     sms = sm_count(device)
@@ -146,8 +142,7 @@ def kpack_configs(M: int, dtype, device) -> list:
         # swapped BN 256 (wgmma with the weights in registers)
         return [kpack_config(16, 64), kpack_config(16, 128, warps=2, stages=4), kpack_config(16, 64, warps=2),
                 kpack_config(16, 128), kpack_config(16, 64, warps=2, stages=4), kpack_config(16, 64, grid=2 * sms),
-                kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True),
-                kpack_config(16, 256, swap=True, onedot=True)]
+                kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True)]
     # swapped (wgmma, the weights in registers): BM rows of x are the wgmma's N, BN weight
     # columns its M (64 per warpgroup); 8 warps are two warpgroups sharing the x tile
     swapped = [kpack_config(bm, bn, warps=w, stages=st, swap=True) for bm, bn, w, st in
@@ -157,14 +152,12 @@ def kpack_configs(M: int, dtype, device) -> list:
         # taller tiles, unswapped and swapped
         return [kpack_config(16, 64), kpack_config(32, 64), kpack_config(32, 128), kpack_config(64, 64),
                 kpack_config(32, 64, warps=2), kpack_config(16, 128, warps=2, stages=4),
-                kpack_config(32, 128, swap=True)] + swapped[:2] + [DENSE] + \
-            [kpack_config(32, 128, swap=True, onedot=True), kpack_config(64, 128, swap=True, onedot=True)]
+                kpack_config(32, 128, swap=True), kpack_config(32, 128, swap=True, fold=True)] + swapped[:2] + [DENSE]
     if M <= 256:
         # (128, 256) unswapped needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
         return [DENSE] + [kpack_config(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128)
                           for bn in (128, 256) for s in (3, 4) if (bm, bn) != (128, 256)] + \
-            [kpack_config(128, 128, warps=8)] + swapped + \
-            [kpack_config(bm, 128, warps=w, swap=True, onedot=True) for bm, w in ((64, 4), (128, 8))]
+            [kpack_config(128, 128, warps=8)] + swapped
     if M <= 512:
         # a mixed step of a chunk beside decodes (MAX_CUDAGRAPH_TOKENS = 512): the dense path
         # writes and reads the whole layer in bf16 each step; the largest tiles may beat it
@@ -178,7 +171,7 @@ def kpack_gemm(x, qk, zeros, scales, group_size: int) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     M, K = x.shape
-    N = qk.shape[1]
+    N = scales.shape[1]
 
     def launch(cfg):
         return awq_kpack.launch(x, qk, zeros, scales, group_size, cfg)

@@ -8,7 +8,10 @@ pack 4 rows instead. A block of 128 rows starting at k0 is 32 rows of
 half-words: row 16 h + r (h = 0, 1; r = 0..15) holds in nibble j the weight
 of row k0 + 16 (4 h + j) + r, column n. Nibble j of the [16, BLOCK_N] tile of
 half h is then the weight slice of rows k0 + 16 p .. k0 + 16 p + 15 (p = 4 h
-+ j): eight `tl.dot`s of K = 16 per block, all into one accumulator.
++ j): eight `tl.dot`s of K = 16 per block, all into one accumulator. The
+half-word matrix [K/4, N] is stored in stripes of STRIPE columns ([N/S, K/4,
+S]), so a block of one stripe is one contiguous run (4 KB) instead of 32 rows
+of 128 bytes N apart (1-2% faster at M <= 16 on the H200, benchmarks/NOTES.md).
 
 On CUDA one inline-PTX routine turns two neighbouring half-words (rows k and
 k + 1 of one column: the pair a thread holds for the tensor core's operand)
@@ -17,10 +20,10 @@ in 0x4300 (128.0 in bf16; 0x6400 = 1024.0 in fp16) so each half is OFF + q
 exactly, and one packed FMA that adds -(OFF + z). The half-words come in by
 ldmatrix from shared memory, pipelined over num_stages; no byte shuffles.
 The per-group scale is applied to the float32 partial sum of the group, or
-("fold", the swapped configs' default) multiplies the dequantized weights (one
-more packed FMA a pair, rounded once, as a dequantized checkpoint is): no
-second float32 accumulator, which in the sm_90 SASS frees registers and
-spills (benchmarks/NOTES.md).
+("fold", a tuner candidate) multiplies the dequantized weights (one more
+packed FMA a pair, rounded once, as a dequantized checkpoint is): no second
+float32 accumulator, fewer registers and spills in the sm_90 SASS, yet
+slower on the H200 for most configs (benchmarks/NOTES.md).
 A "swap" config computes out^T = W^T x^T instead: the dequantized weights are
 the dot's first operand, which Hopper's wgmma takes from registers, and x^T
 the second, which it reads from shared memory: a warpgroup's wgmma covers 64
@@ -42,6 +45,7 @@ arrive sums the partials in program order (deterministic) and stores. Large
 M dequantizes to bf16 and calls torch.matmul.
 """
 from functools import lru_cache
+from typing import Optional
 
 import torch
 import triton.language as tl
@@ -51,11 +55,14 @@ from kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
 from kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
 ROWS = 128  # rows of K per packed block: 8 planes of 16
+STRIPE = 64  # columns a stripe of qk: a block of one stripe is 4 KB contiguous
 
 
-def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int):
-    """AutoAWQ GEMM-format qweight [K, N/8] and qzeros [K/G, N/8] -> (qk int16 [K/4, N], zeros int16 [K/G, N]).
-    The zeros are 16-bit (not bytes) so the kernel's loads of them stay pipelined."""
+def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int, stripe: Optional[int] = None):
+    """AutoAWQ GEMM-format qweight [K, N/8] and qzeros [K/G, N/8] -> (qk int16 [N'/S, K/4, S],
+    zeros int16 [K/G, N]): the half-words in stripes of S = min(stripe or STRIPE, N) columns (N padded to
+    N' with zero words), so one 128-row block of a stripe is 32 S contiguous half-words. The
+    zeros are 16-bit (not bytes) so the kernel's loads of them stay pipelined."""
     K = qweight.shape[0]
     if K % ROWS:
         raise ValueError(f"kpack needs K divisible by {ROWS}, got {K}")
@@ -67,18 +74,25 @@ def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int)
     words = torch.zeros(K // ROWS, 2, 16, N, dtype=torch.int32, device=q.device)
     for j in range(4):
         words |= q[:, :, j] << (4 * j)
-    words = torch.where(words >= 1 << 15, words - (1 << 16), words)  # as signed 16-bit
-    zeros = unpack_awq_int4(qzeros).to(torch.int16)
-    return words.to(torch.int16).view(K // 4, N).contiguous(), zeros.contiguous()
+    words = torch.where(words >= 1 << 15, words - (1 << 16), words).to(torch.int16).view(K // 4, N)
+    S = min(stripe or STRIPE, N)
+    words = torch.nn.functional.pad(words, (0, -N % S))  # [K/4, N']
+    qk = words.view(K // 4, -1, S).transpose(0, 1).contiguous()
+    return qk, unpack_awq_int4(qzeros).to(torch.int16).contiguous()
+
+
+def unstripe(qk: torch.Tensor, N: int) -> torch.Tensor:
+    """A kpack qk [N'/S, K/4, S] as the half-word matrix [K/4, N]."""
+    return qk.transpose(0, 1).reshape(qk.shape[1], -1)[:, :N]
 
 
 def kpack_dequantize_reference(qk, zeros, scales, group_size: int, dtype=torch.float32) -> torch.Tensor:
     """The dense [K, N] weight of a kpack layout (tests' oracle)."""
-    K4, N = qk.shape
-    K = K4 * 4
+    N = scales.shape[1]
+    K = qk.shape[1] * 4
     shifts = torch.arange(0, 16, 4, device=qk.device, dtype=torch.int32)
-    w = qk.to(torch.int32) & 0xFFFF
-    q = (w.view(K // ROWS, 2, 16, 1, N) >> shifts.view(1, 1, 1, 4, 1)) & 0xF  # block, h, r, j, n
+    w = unstripe(qk, N).to(torch.int32) & 0xFFFF
+    q = (w.reshape(K // ROWS, 2, 16, 1, N) >> shifts.view(1, 1, 1, 4, 1)) & 0xF  # block, h, r, j, n
     q = q.permute(0, 1, 3, 2, 4).reshape(K, N)
     z = zeros.to(torch.int32).repeat_interleave(group_size, dim=0)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
@@ -158,32 +172,6 @@ def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.conste
     return loc, rows
 
 
-@jit_helper
-def _one_dot(ha, hb, zi, s_blk, xbase, mmask, acc, NBASE: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
-             A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr, FOLD: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr):
-    """acc + a swapped block of one quantization group as ONE dot of K = 128 (W^T's [BN, 128] x
-    x^T's [128, BM]): the 8 planes joined into one operand, whose K order from the joins is
-    K' = 8 r + 4 i + 2 j + k for plane 4 k + 2 j + i, row r, and x^T permuted to match (a sum
-    over K is the same in any order). Per-plane dots each wait for their wgmma (the SASS shows
-    8 drains a block: benchmarks/kernel_sass.py); one dot chains the 8 with one wait."""
-    x = tl.load(xbase + tl.arange(0, 128)[:, None], mask=mmask[None, :], other=0.0)  # rows 16 p + r
-    x = tl.reshape(tl.permute(tl.reshape(x, [2, 2, 2, 16, BLOCK_M]), (3, 2, 1, 0, 4)), [128, BLOCK_M])
-    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
-    zf = zi.to(tl.float32)[:, None]
-    sb = tl.broadcast_to(s_blk.to(x.dtype)[:, None], [BLOCK_N, 16])
-    lo = tl.join(tl.join(_plane(ha, 0, nz, zf, sb, x, A0, EXACT, FOLD), _plane(ha, 1, nz, zf, sb, x, A1, EXACT, FOLD)),
-                 tl.join(_plane(ha, 2, nz, zf, sb, x, A2, EXACT, FOLD), _plane(ha, 3, nz, zf, sb, x, A3, EXACT, FOLD)))
-    hi = tl.join(tl.join(_plane(hb, 0, nz, zf, sb, x, A0, EXACT, FOLD), _plane(hb, 1, nz, zf, sb, x, A1, EXACT, FOLD)),
-                 tl.join(_plane(hb, 2, nz, zf, sb, x, A2, EXACT, FOLD), _plane(hb, 3, nz, zf, sb, x, A3, EXACT, FOLD)))
-    b = tl.reshape(tl.join(lo, hi), [BLOCK_N, 128])
-    if FOLD:
-        acc = _mma(x, b, acc, True, EXACT)
-    else:
-        acc += _mma(x, b, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), True, EXACT) * s_blk[:, None]
-    return acc
-
-
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
 @lazy_jit(do_not_specialize=["U", "P", "C"])
 def _kpack_kernel(
@@ -192,7 +180,7 @@ def _kpack_kernel(
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, ONEDOT: tl.constexpr, FOLD: tl.constexpr,
+    SWAP: tl.constexpr, FOLD: tl.constexpr, S: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
     of the tile-major (tile, 128-row block) sequence in one flat loop, so the
@@ -203,10 +191,9 @@ def _kpack_kernel(
     pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
     SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand
     (held in registers, where Hopper's wgmma takes its A) and x^T as the second
-    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. ONEDOT (swapped,
-    G >= 128): each block in one dot of K = 128 (_one_dot) instead of eight of K = 16. FOLD: the
+    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. FOLD: the
     scales multiply the dequantized weights (rounded once to x's dtype, as a dequantized
-    checkpoint is) instead of each group's float32 sum."""
+    checkpoint is) instead of each group's float32 sum. S: the stripe width of qk."""
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
@@ -235,22 +222,20 @@ def _kpack_kernel(
         mmask = rm < M
         nmask = rn < N
         k0 = blk * 128
+        # column n of half-word row k4 sits at (n // S) (NBLK 32 S) + k4 S + n % S
+        scol = (rn // S).to(tl.int64) * (NBLK * 32 * S) + rn % S
         if SWAP:
-            hcol = qk_ptr + (blk * 32 + r16)[None, :].to(tl.int64) * N + rn[:, None]
+            hcol = qk_ptr + scol[:, None] + (blk * 32 + r16)[None, :] * S
             ha = tl.load(hcol, mask=nmask[:, None], other=0)
-            hb = tl.load(hcol + 16 * N, mask=nmask[:, None], other=0)
+            hb = tl.load(hcol + 16 * S, mask=nmask[:, None], other=0)
             xrow = x_ptr + rm[None, :].to(tl.int64) * stride_xm + (k0 + r16)[:, None]
         else:
-            hcol = qk_ptr + (blk * 32 + r16)[:, None].to(tl.int64) * N + rn[None, :]
+            hcol = qk_ptr + scol[None, :] + (blk * 32 + r16)[:, None] * S
             ha = tl.load(hcol, mask=nmask[None, :], other=0)
-            hb = tl.load(hcol + 16 * N, mask=nmask[None, :], other=0)
+            hb = tl.load(hcol + 16 * S, mask=nmask[None, :], other=0)
             xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + r16)[None, :]
-        if ONEDOT:
-            zi = tl.load(z_ptr + (k0 // G) * N + rn, mask=nmask, other=0).to(tl.int32)
-            xbase = x_ptr + rm[None, :].to(tl.int64) * stride_xm + k0
-            acc = _one_dot(ha, hb, zi, s_blk, xbase, mmask, acc, NBASE, A0, A1, A2, A3, EXACT, FOLD, BLOCK_M, BLOCK_N)
         gacc = tl.zeros_like(acc)  # a group's unscaled sum (not FOLD)
-        for p in tl.static_range(0 if ONEDOT else 8):
+        for p in tl.static_range(8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
                 zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
@@ -328,14 +313,15 @@ def _kpack_kernel(
 
 
 @lazy_jit
-def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.constexpr):
-    """One 128-row block x BLOCK_N columns of the dense weight."""
+def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.constexpr, S: tl.constexpr):
+    """One 128-row block x BLOCK_N columns (within one stripe of S) of the dense weight."""
     blk = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     r16 = tl.arange(0, 16)
     nmask = rn < N
+    scol = (rn // S).to(tl.int64) * (tl.num_programs(0) * 32 * S) + rn % S
     for hh in tl.static_range(2):
-        h = tl.load(qk_ptr + (blk * 32 + 16 * hh + r16)[:, None].to(tl.int64) * N + rn[None, :],
+        h = tl.load(qk_ptr + scol[None, :] + (blk * 32 + 16 * hh + r16)[:, None] * S,
                     mask=nmask[None, :], other=0).to(tl.int32)
         for j in tl.static_range(4):
             rows = blk * 128 + 16 * (4 * hh + j) + r16
@@ -404,7 +390,7 @@ def _programs(cfg, tiles, nblk, x, N) -> int:
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
     """x [M, K] @ W with one config of kernels.awq_configs (into out when given)."""
     M, K = x.shape
-    N = qk.shape[1]
+    N = scales.shape[1]
     if cfg["kind"] == "dense":
         return x @ dequantize(qk, zeros, scales, group_size, x.dtype)
     BM, BN = cfg["BM"], cfg["BN"]
@@ -421,14 +407,14 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     exact = x.dtype == torch.float32 or not x.is_cuda
     swap = bool(cfg.get("swap"))
-    fold = bool(cfg.get("fold", swap))
+    fold = bool(cfg.get("fold"))
     asm = [""] * 4 if exact else [dequant_asm(j, x.dtype, fold) for j in range(4)]
     kernel = _kpack_kernel[(P,)](
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
         A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap,
-        ONEDOT=bool(cfg.get("onedot")) and swap and group_size >= 128, FOLD=fold,
+        FOLD=fold, S=qk.shape[2],
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":
@@ -440,8 +426,8 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
 
 def dequantize(qk, zeros, scales, group_size: int, dtype) -> torch.Tensor:
     """The dense [K, N] weight of a kpack layout in dtype, by a Triton kernel."""
-    K, N = qk.shape[0] * 4, qk.shape[1]
+    K, N, S = qk.shape[1] * 4, scales.shape[1], qk.shape[2]
     w = torch.empty(K, N, dtype=dtype, device=qk.device)
     bn = 128
-    _kpack_dequant_kernel[(K // ROWS, -(-N // bn))](qk, zeros, scales, w, N, group_size, BLOCK_N=bn, num_warps=4)
+    _kpack_dequant_kernel[(K // ROWS, -(-N // bn))](qk, zeros, scales, w, N, group_size, BLOCK_N=bn, S=S, num_warps=4)
     return w

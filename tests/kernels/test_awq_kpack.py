@@ -19,11 +19,18 @@ def _weights(rng, K, N, G, dtype):
     return pack_awq_int4(q), pack_awq_int4(z), s
 
 
+@pytest.mark.parametrize("stripe", [awq_kpack.STRIPE, 16])
 @pytest.mark.parametrize("K,N,G", [(128, 64, 128), (256, 40, 32), (384, 96, 64), (256, 64, 16)])
-def test_repack_is_exact(rng, K, N, G):
+def test_repack_is_exact(rng, K, N, G, stripe):
+    """Striped (N padded to whole stripes with zero words) or not, the same half-words."""
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
-    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
-    assert qk.shape == (K // 4, N) and qk.dtype == torch.int16 and z8.shape == (K // G, N) and z8.dtype == torch.int16
+    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G, stripe)
+    S = min(stripe, N)
+    assert qk.shape == (-(-N // S), K // 4, S) and qk.dtype == torch.int16
+    assert z8.shape == (K // G, N) and z8.dtype == torch.int16
+    flat, _ = awq_kpack.kpack_from_awq(qw, qz, G, N)  # one stripe: the plain [K/4, N] matrix
+    assert flat.shape == (1, K // 4, N) and torch.equal(awq_kpack.unstripe(qk, N), flat[0])
+    assert not awq_kpack.unstripe(qk, qk.shape[0] * S)[:, N:].any()  # the padding is zero words
     ref = awq_dequantize(qw, qz, s, G, torch.float32)
     assert torch.equal(awq_kpack.kpack_dequantize_reference(qk, z8, s, G), ref)
     assert torch.equal(awq_kpack.dequantize(qk, z8, s, G, torch.float32), ref)
@@ -41,6 +48,19 @@ def test_every_config_matches_reference(rng, dtype, M, K, N, G):
         out = torch.full((M, N), float("nan"), dtype=dtype)
         awq_kpack.launch(x, qk, z8, s, G, cfg, out=out)
         assert_close(out.float(), ref, dtype, rng.initial_seed(), f"kpack {cfg}")
+
+
+@pytest.mark.parametrize("M,K,N,G,stripe", [(5, 256, 72, 32, 16), (17, 384, 96, 64, 32)])
+def test_stripes_narrower_than_a_tile(rng, M, K, N, G, stripe):
+    """Tiles that span several stripes (and a last, padded one) read the right columns."""
+    qw, qz, s = _weights(rng, K, N, G, torch.float16)
+    x = torch.randn(M, K, generator=rng)
+    ref = awq_gemm_reference(x, qw, qz, s.float(), G)
+    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G, stripe)
+    for cfg in kpack_configs(M, x.dtype, x.device):
+        out = torch.full((M, N), float("nan"))
+        awq_kpack.launch(x, qk, z8, s, G, cfg, out=out)
+        assert_close(out, ref, torch.float32, rng.initial_seed(), f"kpack stripe {stripe} {cfg}")
 
 
 @pytest.mark.parametrize("programs", [3, 4, 5, 7, 16])
