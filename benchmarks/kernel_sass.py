@@ -6,6 +6,8 @@ attributes and constexprs awq_kpack.launch passes for (M, N, K, group 128, bf16)
 spills, stack (ptxas -v), shared memory, pipeline buffers (TTGIR), PTX features, and SASS opcode counts
 (cuobjdump -sass) for the kernel and its main loop: the range of the backward branch with the most
 HGMMA/HMMA (the `for u` loop) less the forward-skipped ranges holding an STG (the tile-end stores).
+At M <= 4 the candidates include kernels.awq_gemv's (no MMA: its main loop is the longest backward
+branch, one trip a 128-row block), tabled apart.
 Run from the repo root (tables to --md, all numbers to --json):
     .venv/bin/python benchmarks/kernel_sass.py [--m 16 64] [--shapes down qkv] [--jobs 2] [--sass-dir DIR]
 """
@@ -29,7 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kernels import awq_configs, awq_kpack, dispatch  # noqa: E402
+from kernels import awq_configs, awq_gemv, awq_kpack, dispatch  # noqa: E402
 
 SHAPES = {"down": (3584, 18944), "gate_up": (37888, 3584), "qkv": (4608, 3584)}
 MS = (16, 64, 128, 256)
@@ -53,19 +55,46 @@ def candidates(M: int) -> list:
     return [c for c in cfgs if c.get("kind") != "dense"]
 
 
-def kernel_fn():
-    """_kpack_kernel as a compiled-mode JITFunction, its @jit_helper functions installed."""
-    if "k" not in _FN:
-        lazy = awq_kpack._kpack_kernel
+def kernel_fn(kind: str = "fused"):
+    """_kpack_kernel (or, for kind "gemv", awq_gemv's kernel) as a compiled-mode JITFunction,
+    its @jit_helper functions installed."""
+    if kind not in _FN:
+        lazy = awq_gemv._gemv_kernel if kind == "gemv" else awq_kpack._kpack_kernel
         dispatch._install_helpers(lazy.fn.__module__, lazy.fn.__globals__, False)
-        _FN["k"] = JITFunction(lazy.fn, **lazy.jit_kwargs)
-    return _FN["k"]
+        _FN[kind] = JITFunction(lazy.fn, **lazy.jit_kwargs)
+    return _FN[kind]
+
+
+def _specialise(fn, sig: dict, const: dict, attrs: dict, ints: tuple) -> None:
+    """Triton's binder on int arguments: 1 becomes a constexpr, multiples of 16 get divisibility 16."""
+    for name, val in ints:
+        if val == 1:
+            sig[name], const[name] = "constexpr", 1
+        else:
+            sig[name] = "i32"
+            if val % 16 == 0:
+                attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+
+
+def gemv_launch_args(M: int, N: int, K: int, cfg: dict):
+    """(signature, constexprs, attrs, options) as awq_gemv.launch makes them (NBLK, SPLIT plain i32)."""
+    fn = kernel_fn("gemv")
+    const = dict(G=GROUP, PPG=min(8, GROUP // 16), MB=max(1, 1 << (M - 1).bit_length()), BLOCK_N=cfg["BN"],
+                 S=min(awq_kpack.STRIPE, N))
+    sig = dict(PTRS)
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in PTRS}
+    _specialise(fn, sig, const, attrs, (("M", M), ("N", N), ("stride_xm", K), ("stride_om", N)))
+    sig.update({name: "i32" for name in ("NBLK", "SPLIT")})
+    sig.update({name: "constexpr" for name in const if name not in sig})
+    return sig, const, attrs, {"num_warps": cfg.get("warps", 1), "num_stages": cfg.get("stages", 3)}
 
 
 def launch_args(M: int, N: int, K: int, cfg: dict):
     """(signature, constexprs, attrs, options) as awq_kpack.launch and Triton's binder make them
     for bf16 x [M, K], 16-byte aligned tensors: ints equal to 1 become constexprs, ints and pointers
     divisible by 16 get tt.divisibility 16; U, P, C are do_not_specialize (plain i32)."""
+    if cfg.get("kind") == "gemv":
+        return gemv_launch_args(M, N, K, cfg)
     fn = kernel_fn()
     BM, BN = cfg["BM"], cfg["BN"]
     swap = bool(cfg.get("swap"))
@@ -76,13 +105,7 @@ def launch_args(M: int, N: int, K: int, cfg: dict):
                  EXACT=False, SWAP=swap, FOLD=fold, S=min(awq_kpack.STRIPE, N))
     sig = dict(PTRS)
     attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in PTRS}
-    for name, val in (("M", M), ("N", N), ("stride_xm", K), ("stride_om", N)):
-        if val == 1:
-            sig[name], const[name] = "constexpr", 1
-        else:
-            sig[name] = "i32"
-            if val % 16 == 0:
-                attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    _specialise(fn, sig, const, attrs, (("M", M), ("N", N), ("stride_xm", K), ("stride_om", N)))
     sig.update({name: "i32" for name in ("U", "P", "C")})
     sig.update({name: "constexpr" for name in const if name not in sig})
     opts = {"num_warps": cfg.get("warps", 4), "num_stages": cfg.get("stages", 3)}
@@ -168,7 +191,8 @@ def analyse(job: tuple) -> dict:
     log = io.StringIO()
     try:
         with contextlib.redirect_stdout(log):
-            src = triton.compiler.ASTSource(fn=kernel_fn(), signature=sig, constexprs=const, attrs=attrs)
+            src = triton.compiler.ASTSource(fn=kernel_fn(cfg.get("kind", "fused")), signature=sig, constexprs=const,
+                                            attrs=attrs)
             k = triton.compile(src, target=TARGET, options=opts)
     except Exception as exc:  # noqa: BLE001 - a config this compiler rejects: record it, go on
         res["error"] = f"{type(exc).__name__}: {exc}"[:600]
@@ -201,6 +225,8 @@ def analyse(job: tuple) -> dict:
 
 
 def label(cfg: dict) -> str:
+    if cfg.get("kind") == "gemv":
+        return f"gemv BN{cfg['BN']} w{cfg.get('warps', 1)} waves{cfg.get('waves')}"
     fold = "fold " if cfg.get("fold") else ""
     s = f"{'swap ' if cfg.get('swap') else ''}{fold}{cfg['BM']}x{cfg['BN']} w{cfg.get('warps', 4)} s{cfg.get('stages', 3)}"
     g = cfg.get("grid", "auto")
@@ -258,8 +284,28 @@ HEADER = ("| config | regs | spill st/ld B (stack) | smem KB | bufs words/x | CT
           "| issue-bound us | weight KB in flight/SM | x MB via L2 |\n" + "|---" * 21 + "|")
 
 
+def gemv_row(r: dict) -> str:
+    """One gemv kernel: a loop trip is one 128-row block of BN columns for all rows."""
+    if "error" in r:
+        return f"| {r['N']}x{r['K']} M={r['M']} {label(r['cfg'])} | compile failed: {r['error'][:160].replace('|', '/')} |" + " |" * 7
+    cfg, lp = r["cfg"], r["loop"]
+    warps = cfg.get("warps", 1)
+    ipw = lp.get("total", 0) * warps / (128 * cfg["BN"])
+    occ = awq_kpack.programs_per_sm(r["regs"], r["smem"], warps)
+    ops = " ".join(f"{k}:{lp[k]}" for k in ("LOP3", "SHF", "PRMT", "FADD", "FFMA", "FMUL", "I2F", "BAR") if lp.get(k))
+    return (f"| {r['N']}x{r['K']} M={r['M']} {label(cfg)} | {r['regs']} | {r['spill_st']}/{r['spill_ld']} | {r['smem']} "
+            f"| {occ} ({occ * warps}w) | {fmt_group(lp, 'LDG.')} | {fmt_group(lp, 'LDS.')} ; {fmt_group(lp, 'STS.')} "
+            f"| {ops} | {lp.get('total', 0)} | {ipw:.2f} |")
+
+
+GEMV_HEADER = ("| config | regs | spill st/ld B | smem B | CTAs/SM (warps) | LDG in loop | LDS ; STS in loop "
+               "| ALU in loop | instr a trip | warp-instr per weight |\n" + "|---" * 10 + "|")
+
+
 def markdown(results: list) -> str:
-    out = []
+    gemv = [r for r in results if r["cfg"].get("kind") == "gemv"]
+    results = [r for r in results if r["cfg"].get("kind") != "gemv"]
+    out = (["\n### gemv (kernels.awq_gemv): N x K, M\n", GEMV_HEADER] + [gemv_row(r) for r in gemv]) if gemv else []
     for name, (N, K) in SHAPES.items():
         for M in MS:
             rs = [r for r in results if (r["M"], r["N"], r["K"]) == (M, N, K)]

@@ -37,8 +37,8 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 @dataclass
 class AWQPrepared:
     """One AWQ linear ready for awq_linear. On CUDA the weight is repacked once
-    into the K-packed layout of kernels.awq_kpack (`qk` int16 [K/4, N] and
-    `zeros_k` int16 [K/G, N]; the checkpoint's qweight/qzeros are then
+    into the K-packed layout of kernels.awq_kpack (`qk` int16 [N/S, K/4, S] in
+    stripes of S columns and `zeros_k` int16 [K/G, N]; the checkpoint's qweight/qzeros are then
     dropped); otherwise the checkpoint tensors (contiguous) for the kernels of
     kernels.awq_ckpt."""
 

@@ -4,6 +4,8 @@ with the config tuned once per shape on CUDA (kernels.dispatch.autotune)."""
 import torch
 
 from kernels import awq_ckpt, awq_kpack
+from kernels.awq_gemv import MAX_M as GEMV_MAX_M
+from kernels.awq_gemv import gemv_config
 from kernels.dispatch import autotune, chosen, next_pow2, sm_count
 
 CKPT, KPACK = "awq_ckpt", "awq_kpack"  # the tuner's names of the two kernels
@@ -126,13 +128,25 @@ def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=Fals
     return c
 
 
+def gemv_configs(M: int) -> list:
+    """CUDA-core candidates (kernels.awq_gemv) for M <= 4: tiles and warps whose sm_90 SASS
+    holds no spills (benchmarks/kernel_sass.py --m 1 2 4), waves = the programs resident per SM
+    there (1 row: BN 32 on 1 warp at 128 registers, 16 an SM; 4 warps at 96, 5 an SM)."""
+    if M <= 1:
+        return [gemv_config(32, 1, 16), gemv_config(64, 2, 6), gemv_config(128, 4, 5)]
+    if M <= 2:
+        return [gemv_config(64, 2, 6), gemv_config(128, 4, 2)]
+    return [gemv_config(128, 4, 2)] if M <= GEMV_MAX_M else []
+
+
 def kpack_configs(M: int, dtype, device) -> list:
     """Candidates timed per shape; the first is the interpreter's and the one used
     if a shape is first met inside a graph capture."""
     if device.type != "cuda":
+        gemv = [gemv_config(16, split=3), gemv_config(32, warps=2)] if M <= GEMV_MAX_M else []
         return [kpack_config(16, 32, grid=3), kpack_config(16, 32, grid="tiles"), kpack_config(32, 64, grid=5),
                 kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True),
-                kpack_config(32, 64, grid=5, fold=True), kpack_config(16, 32, grid=3, swap=True, fold=True)]
+                kpack_config(32, 64, grid=5, fold=True), kpack_config(16, 32, grid=3, swap=True, fold=True)] + gemv
     if dtype == torch.float32:
         return [kpack_config(16, 64)] if M <= 64 else [DENSE]
     sms = sm_count(device)
@@ -142,7 +156,7 @@ def kpack_configs(M: int, dtype, device) -> list:
         # swapped BN 256 (wgmma with the weights in registers)
         return [kpack_config(16, 64), kpack_config(16, 128, warps=2, stages=4), kpack_config(16, 64, warps=2),
                 kpack_config(16, 128), kpack_config(16, 64, warps=2, stages=4), kpack_config(16, 64, grid=2 * sms),
-                kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True)]
+                kpack_config(16, 64, grid=4 * sms), kpack_config(16, 256, swap=True)] + gemv_configs(M)
     # swapped (wgmma, the weights in registers): BM rows of x are the wgmma's N, BN weight
     # columns its M (64 per warpgroup); 8 warps are two warpgroups sharing the x tile
     swapped = [kpack_config(bm, bn, warps=w, stages=st, swap=True) for bm, bn, w, st in

@@ -50,6 +50,7 @@ from typing import Optional
 import torch
 import triton.language as tl
 
+from kernels import awq_gemv
 from kernels.awq_format import unpack_awq_int4
 from kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
 from kernels.workspace import WS_FLOATS, WS_TILES, workspace
@@ -377,7 +378,8 @@ def resident_key(cfg, x, N, nblk) -> tuple:
     return (config_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0)
 
 
-def _programs(cfg, tiles, nblk, x, N) -> int:
+def program_count(cfg, tiles, nblk, x, N) -> int:
+    """The programs of a launch: its grid, "tiles", or (auto) those resident per SM times the SMs."""
     grid = cfg.get("grid", "auto")
     if grid == "tiles":
         return tiles
@@ -387,16 +389,20 @@ def _programs(cfg, tiles, nblk, x, N) -> int:
     return max(1, min(per_sm * sm_count(x.device), tiles * nblk))
 
 
-def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
-    """x [M, K] @ W with one config of kernels.awq_configs (into out when given)."""
+def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, asm=None) -> torch.Tensor:
+    """x [M, K] @ W with one config of kernels.awq_configs (into out when given; a "gemv" config
+    runs kernels.awq_gemv); asm: other PTX
+    for the four nibble planes (benchmarks/kpack_ablate.py times the loop without the dequant)."""
     M, K = x.shape
     N = scales.shape[1]
     if cfg["kind"] == "dense":
         return x @ dequantize(qk, zeros, scales, group_size, x.dtype)
+    if cfg["kind"] == "gemv":
+        return awq_gemv.launch(x, qk, zeros, scales, group_size, cfg, out)
     BM, BN = cfg["BM"], cfg["BN"]
     nblk = K // ROWS
     tiles = -(-M // BM) * -(-N // BN)
-    P = _programs(cfg, tiles, nblk, x, N)
+    P = program_count(cfg, tiles, nblk, x, N)
     C = split_plan(tiles, nblk, P) if P != tiles else 1
     ws = workspace(x.device)
     if P != tiles and (ws is None or tiles > WS_TILES or tiles * C * BM * BN > WS_FLOATS):
@@ -408,7 +414,8 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     exact = x.dtype == torch.float32 or not x.is_cuda
     swap = bool(cfg.get("swap"))
     fold = bool(cfg.get("fold"))
-    asm = [""] * 4 if exact else [dequant_asm(j, x.dtype, fold) for j in range(4)]
+    if asm is None or exact:
+        asm = [""] * 4 if exact else [dequant_asm(j, x.dtype, fold) for j in range(4)]
     kernel = _kpack_kernel[(P,)](
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
