@@ -12,9 +12,10 @@ Triton kernels: split-KV decode (one program per sequence, KV head and split,
 all query heads of the group together, then a reduction over splits) and a
 flash-style causal prefill over flattened q-blocks (T // BLOCK_M + B programs
 per query head, a grid of shapes only: no host sync, capturable in a CUDA
-graph; see _prefill_kernel); the PyTorch references (CPU path and oracle) live
-in kernels/attention_reference.py. Window and soft-capping are constexpr flags
-of the kernels: without them the kernels compile to the code they had before.
+graph; see _prefill_kernel); the PyTorch references (the oracle) live in
+kernels/attention_reference.py, the CPU path in kernels/attention_cpu.py.
+Window and soft-capping are constexpr flags of the kernels: without them the
+kernels compile to the code they had before.
 An FP8 cache (kernels/kv_cache.py) is read as K * k_scale, V * v_scale: keys and
 values are converted to the query's dtype as they load, k_scale folds into the
 scores' scale and v_scale into the output.
@@ -22,6 +23,7 @@ scores' scale and v_scale into the output.
 import torch
 import triton.language as tl
 
+from kernels.attention_cpu import paged_decode_attention_cpu, paged_prefill_attention_cpu
 from kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
 from kernels.dispatch import autotune, jit_helper, lazy_jit, next_pow2, sm_count, use_triton
 
@@ -57,7 +59,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     opts = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if use_triton(q, k_cache, v_cache, block_tables, context_lens) and q.shape[0]:
         return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, **opts)
-    return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale, **opts)
+    return paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale, **opts)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float,
@@ -74,8 +76,7 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, 
     if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
         return prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
                               max_query_len, **opts)
-    return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-                                             **opts)
+    return paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **opts)
 
 
 # ---------------------------------------------------------------- shared by both kernels

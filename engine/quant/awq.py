@@ -19,8 +19,9 @@ PACK = 8  # int4 values per int32, along the output features
 @dataclass(frozen=True, slots=True)
 class AWQ(QuantMethod):
     """On CUDA through kernels.awq_linear (the weights repacked once into the K-packed
-    layout of the Triton W4A16 GEMM); on the CPU (no int4 matmul there, and outside the Triton interpreter) the
-    weight is dequantized once after loading and kept dense; elsewhere kernels.awq_gemm.
+    layout of the Triton W4A16 GEMM); on the CPU outside the Triton interpreter through
+    kernels.awq_cpu_linear (torch's CPU int4 kernel for steps of few rows, the weight
+    dequantized once after loading for the others); elsewhere kernels.awq_gemm.
     Under tensor parallelism "column" slices N (packed 8 per int32), "row" slices K
     (whole groups)."""
 
@@ -64,6 +65,7 @@ class AWQ(QuantMethod):
         layer.register_buffer("scales", torch.zeros(g, n, dtype=dtype, device=device))
         layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
         layer.dense = None  # the dequantized weight, on the CPU
+        layer.int4 = None  # kernels.awq_cpu's pack of it, on the CPU
         layer.prepared = None  # kernels.AWQPrepared, on CUDA
 
     def tensor_names(self, layer) -> list[str]:
@@ -98,10 +100,12 @@ class AWQ(QuantMethod):
         elif not kernels.use_triton(layer.qweight):
             w = kernels.awq_dequantize(layer.qweight, layer.qzeros, layer.scales, self.group_size, torch.float32)
             layer.dense = w.t().contiguous().to(layer.scales.dtype)
+            layer.int4 = kernels.awq_int4_pack(layer.qweight, layer.qzeros, layer.scales, self.group_size,
+                                               layer.scales.dtype)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.dense is not None:
-            return kernels.dense_linear(x, layer.dense, bias)
+            return kernels.awq_cpu_linear(x, layer.dense, layer.int4, bias)
         if layer.prepared is not None:
             y = kernels.awq_linear(x, layer.prepared)
             return y + bias if bias is not None else y

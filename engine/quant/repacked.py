@@ -1,7 +1,7 @@
 """The runtime shared by the integer weight-only formats read in other layouts
 (GPTQ, compressed-tensors pack-quantized): int4 weights repacked at load time into
 AutoAWQ's layout and run by the same kernels as AWQ (kernels.awq_linear on CUDA,
-dense after dequantizing on the CPU); int8 weights dequantized at load (no int8 GEMM
+kernels.awq_cpu_linear on the CPU); int8 weights dequantized at load (no int8 GEMM
 here: twice the int8 bytes in the model's dtype)."""
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class Part:
     scales: torch.Tensor | None = None
     prepared: object = None
     dense: torch.Tensor | None = None
+    int4: object = None  # kernels.awq_cpu's pack beside dense (int4 parts on the CPU)
 
 
 def int4_parts(shards: list[tuple], group: int, dtype) -> list[Part]:
@@ -70,6 +71,7 @@ def _place(p: Part) -> None:
     elif not kernels.use_triton(p.qweight):
         w = kernels.awq_dequantize(p.qweight, p.qzeros, p.scales, p.group, torch.float32)
         p.dense = w.t().contiguous().to(p.scales.dtype)
+        p.int4 = kernels.awq_int4_pack(p.qweight, p.qzeros, p.scales, p.group, p.scales.dtype)
 
 
 def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -78,7 +80,7 @@ def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -
     for p in parts:
         xp = x.index_select(-1, p.perm) if p.perm is not None else x
         if p.dense is not None:
-            y = kernels.dense_linear(xp, p.dense)
+            y = kernels.awq_cpu_linear(xp, p.dense, p.int4)
         elif p.prepared is not None:
             y = kernels.awq_linear(xp, p.prepared)
         else:
@@ -95,4 +97,4 @@ def drop_dense(parts: list[Part]) -> None:
     tensors (tests check both paths agree)."""
     for p in parts:
         if p.qweight is not None:
-            p.dense = None
+            p.dense = p.int4 = None

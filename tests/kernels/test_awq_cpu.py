@@ -1,0 +1,86 @@
+"""The CPU's AWQ linear (kernels/awq_cpu.py): torch's int4 kernel on the AWQ weights for
+steps of up to INT4_MAX_ROWS rows in bfloat16 (the same weights as the dequantized ones,
+the zero term rounded once), the dense weight above; the layers and dtypes it cannot take
+(or runs slowly: float32, float16) keep the dense path."""
+import pytest
+import torch
+from tests.kernels.kernel_checks import assert_close
+
+from kernels import awq_cpu
+from kernels.awq import awq_dequantize, awq_gemm_reference, pack_awq_int4
+from kernels.dense import dense_linear
+
+pytestmark = pytest.mark.skipif(not awq_cpu.int4_available(), reason="this torch has no CPU int4 kernel")
+
+
+def _layer(rng, K, N, G):
+    q = torch.randint(0, 16, (K, N), generator=rng)
+    z = torch.randint(0, 16, (K // G, N), generator=rng)
+    s = (torch.rand(K // G, N, generator=rng) * 0.02 + 0.002).to(torch.float16)
+    return pack_awq_int4(q), pack_awq_int4(z), s
+
+
+@pytest.fixture
+def int4_calls(monkeypatch):
+    calls = []
+    real = awq_cpu.int4_mm
+    monkeypatch.setattr(awq_cpu, "int4_mm", lambda x2, pack: calls.append(x2.shape[0]) or real(x2, pack))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("K,N,G", [(576, 960, 32), (256, 48, 64), (512, 64, 128), (512, 32, 256)])
+def test_few_rows_take_the_int4_kernel(rng, dtype, K, N, G, int4_calls):
+    qw, qz, s = _layer(rng, K, N, G)
+    s = s.to(dtype)
+    pack = awq_cpu.awq_int4_pack(qw, qz, s, G, dtype)
+    dense = awq_dequantize(qw, qz, s, G, torch.float32).t().contiguous().to(dtype)
+    bias = torch.randn(N, generator=rng).to(dtype)
+    for rows in (1, 3, awq_cpu.INT4_MAX_ROWS):
+        x = torch.randn(rows, K, generator=rng).to(dtype)
+        ref = awq_gemm_reference(x.float(), qw, qz, s.float(), G) + bias.float()
+        out = awq_cpu.awq_cpu_linear(x, dense, pack, bias)
+        assert out.dtype == dtype and out.shape == (rows, N)
+        assert_close(out.float(), ref, dtype, rng.initial_seed(), f"int4 {rows} rows")
+    assert int4_calls == [1, 3, awq_cpu.INT4_MAX_ROWS]
+
+
+def test_weights_are_the_dequantized_ones(rng):
+    """scale = s and zero = (8 - z) s rebuild (q - z) s: a one-hot x reads weight rows, equal to the
+    float32 dequantized ones within the kernel's bfloat16 roundings (the zero, (q - 8) s, the sum,
+    the output: at most (3 * 8 + 15) / 512 of s; 0.073 s the worst seen): an eighth of a step.
+    A wrong zero or scale would be off by a whole step s."""
+    K, N, G = 128, 32, 32
+    qw, qz, s = _layer(rng, K, N, G)
+    pack = awq_cpu.awq_int4_pack(qw, qz, s.to(torch.bfloat16), G, torch.bfloat16)
+    w = awq_dequantize(qw, qz, s.to(torch.bfloat16), G, torch.float32)
+    rows = awq_cpu.int4_mm(torch.eye(K)[:16].to(torch.bfloat16), pack).float()
+    step = s.float().repeat_interleave(G, 0)[:16]
+    assert ((rows - w[:16]).abs() <= step / 8).all()
+
+
+def test_more_rows_or_other_dtypes_take_the_dense_weight(rng, int4_calls):
+    K, N, G = 256, 64, 32
+    qw, qz, s = _layer(rng, K, N, G)
+    dense = awq_dequantize(qw, qz, s, G, torch.float32).t().contiguous().to(torch.bfloat16)
+    pack = awq_cpu.awq_int4_pack(qw, qz, s, G, torch.bfloat16)
+    x = torch.randn(2, 9, K, generator=rng).to(torch.bfloat16)  # 18 rows
+    assert torch.equal(awq_cpu.awq_cpu_linear(x, dense, pack), dense_linear(x, dense))
+    x3 = torch.randn(1, 3, K, generator=rng)  # float32 against a bfloat16 pack
+    assert torch.equal(awq_cpu.awq_cpu_linear(x3, dense.float(), pack), dense_linear(x3, dense.float()))
+    empty = torch.zeros(0, K, dtype=torch.bfloat16)
+    assert awq_cpu.awq_cpu_linear(empty, dense, pack).shape == (0, N)
+    assert int4_calls == []
+    y = awq_cpu.awq_cpu_linear(x[:, :2], dense, pack)  # leading dims kept
+    assert y.shape == (2, 2, N) and int4_calls == [4]
+
+
+def test_layers_it_cannot_take_get_no_pack(rng):
+    qw, qz, s = _layer(rng, 128, 40, 32)  # N = 40: not a multiple of 16
+    assert awq_cpu.awq_int4_pack(qw, qz, s, 32, torch.bfloat16) is None
+    qw, qz, s = _layer(rng, 128, 32, 16)  # group 16
+    assert awq_cpu.awq_int4_pack(qw, qz, s, 16, torch.bfloat16) is None
+    qw, qz, s = _layer(rng, 128, 32, 32)
+    assert awq_cpu.awq_int4_pack(qw, qz, s, 32, torch.bfloat16) is not None
+    for slow in (torch.float32, torch.float16):
+        assert awq_cpu.awq_int4_pack(qw, qz, s, 32, slow) is None
