@@ -8,7 +8,7 @@ from kernels.dispatch import use_triton
 from kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.dense import dense_linear
 from kernels.attention import paged_decode_attention, paged_prefill_attention
-from kernels.awq_cpu import awq_cpu_linear, awq_int4_pack
+from kernels.awq_cpu import awq_cpu_linear, awq_cpu_prepare, awq_int4_pack
 from kernels.awq import (
     AWQPrepared,
     awq_dequantize,
@@ -34,6 +34,7 @@ __all__ = [
     "moe_align",
     "AWQPrepared",
     "awq_cpu_linear",
+    "awq_cpu_prepare",
     "awq_int4_pack",
     "apply_token_bitmask",
     "awq_dequantize",

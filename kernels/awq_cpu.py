@@ -4,12 +4,13 @@ dequantized dense weight above that.
 torch ships a CPU int4 kernel (aten._weight_int4pack_mm_for_cpu, gpt-fast's CPU path):
 weights packed two a byte, per group a (scale, zero) pair, w = (q - 8) scale + zero. AWQ's
 w = (q - z) s is that with scale = s and zero = (8 - z) s; the kernel's bfloat16 roundings
-leave each weight within 0.08 of a quantization step of the dequantized one (tested). Only bfloat16 has a fast path in it: float32 and float16 ran
-10-25x slower than the dense matmul here, so those models keep the dense weight. Reading a quarter of the bytes,
-a decode step of SmolLM2-135M's 120 linears, cold in cache on this 2-core machine, took
-4.9-5.3 ms against 26.6 ms dense at 1 row and 15.9 against 28.4 ms at 8 (benchmarks/NOTES.md,
-session 15). Its work grows with the rows (3x the dense matmul's at 128 rows, hot), so steps
-above INT4_MAX_ROWS rows (prefills, wide batches) take the dense weight. The kernel keeps no
+leave each weight within 0.08 of a quantization step of the dequantized one (tested). Only
+bfloat16 has a fast path in it: float32 and float16 ran 10-25x slower than the dense matmul
+here, so those models keep the dense weight. Reading a quarter of the bytes, a decode step
+of SmolLM2-135M's 120 linears, cold in cache on this 2-core machine, took 4.9-5.3 ms against
+26.6 ms dense at 1 row and 15.9 against 28.4 ms at 8 (benchmarks/NOTES.md, session 15). Its
+work grows with the rows (3x the dense matmul's at 128 rows, hot), so steps above
+INT4_MAX_ROWS rows (prefills, wide batches) take the dense weight. The kernel keeps no
 per-shape state (unlike oneDNN's bf16 matmul, kernels/dense.py).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.awq_format import unpack_awq_int4
+from kernels.awq_format import awq_dequantize, unpack_awq_int4
 from kernels.dense import dense_linear
 
 INT4_MAX_ROWS = 16  # above: the dense matmul (the int4 kernel's crossover, hot in cache: 16-24 rows)
@@ -53,6 +54,14 @@ def awq_int4_pack(qweight, qzeros, scales, group_size: int, dtype) -> Int4Pack |
     s = scales.float()
     zero = (8 - unpack_awq_int4(qzeros).float()) * s
     return Int4Pack(packed, torch.stack([s, zero], dim=-1).to(dtype).contiguous(), group_size, N)
+
+
+def awq_cpu_prepare(qweight, qzeros, scales, group_size: int) -> tuple[torch.Tensor, Int4Pack | None]:
+    """A layer's CPU weights for awq_cpu_linear, in the scales' dtype: the dequantized dense
+    [N, K] and the int4 pack (or None, see awq_int4_pack)."""
+    w = awq_dequantize(qweight, qzeros, scales, group_size, torch.float32)
+    dense = w.t().contiguous().to(scales.dtype)
+    return dense, awq_int4_pack(qweight, qzeros, scales, group_size, scales.dtype)
 
 
 def int4_mm(x2: torch.Tensor, pack: Int4Pack) -> torch.Tensor:

@@ -98,10 +98,8 @@ class AWQ(QuantMethod):
                 layer.qweight = torch.empty(0, dtype=torch.int32, device=layer.qweight.device)
                 layer.qzeros = torch.empty(0, dtype=torch.int32, device=layer.qzeros.device)
         elif not kernels.use_triton(layer.qweight):
-            w = kernels.awq_dequantize(layer.qweight, layer.qzeros, layer.scales, self.group_size, torch.float32)
-            layer.dense = w.t().contiguous().to(layer.scales.dtype)
-            layer.int4 = kernels.awq_int4_pack(layer.qweight, layer.qzeros, layer.scales, self.group_size,
-                                               layer.scales.dtype)
+            layer.dense, layer.int4 = kernels.awq_cpu_prepare(layer.qweight, layer.qzeros, layer.scales,
+                                                              self.group_size)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.dense is not None:

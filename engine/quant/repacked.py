@@ -69,9 +69,7 @@ def _place(p: Part) -> None:
         p.prepared = kernels.awq_prepare(p.qweight, p.qzeros, p.scales, p.group)
         p.qweight = p.qzeros = None
     elif not kernels.use_triton(p.qweight):
-        w = kernels.awq_dequantize(p.qweight, p.qzeros, p.scales, p.group, torch.float32)
-        p.dense = w.t().contiguous().to(p.scales.dtype)
-        p.int4 = kernels.awq_int4_pack(p.qweight, p.qzeros, p.scales, p.group, p.scales.dtype)
+        p.dense, p.int4 = kernels.awq_cpu_prepare(p.qweight, p.qzeros, p.scales, p.group)
 
 
 def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
