@@ -249,7 +249,7 @@ def test_awq_prepare_and_linear(gen):
 
 
 @pytest.mark.parametrize("K,N", [(3584, 4608), (18944, 3584), (3584, 37888)])
-@pytest.mark.parametrize("M", [1, 10, 16, 50, 64, 200, 480])
+@pytest.mark.parametrize("M", [1, 3, 10, 16, 50, 64, 200, 480])
 def test_kpack_every_config(K, N, M, gen):
     """The K-packed kernel the engine runs on CUDA: each candidate config, and
     the tuned public call, against the checkpoint-format reference in float32."""
