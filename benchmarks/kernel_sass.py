@@ -31,7 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kernels import awq_configs, awq_gemv, awq_kpack, awq_splitk, dispatch  # noqa: E402
+from kernels import awq_configs, awq_gemv, awq_kpack, dispatch  # noqa: E402
 
 SHAPES = {"down": (3584, 18944), "gate_up": (37888, 3584), "qkv": (4608, 3584)}
 MS = (16, 64, 128, 256)
@@ -59,7 +59,7 @@ def kernel_fn(kind: str = "fused"):
     """_kpack_kernel (or, for kind "gemv", awq_gemv's kernel) as a compiled-mode JITFunction,
     its @jit_helper functions installed."""
     if kind not in _FN:
-        lazy = {"gemv": awq_gemv._gemv_kernel, "splitk": awq_splitk._splitk_kernel}.get(kind, awq_kpack._kpack_kernel)
+        lazy = awq_gemv._gemv_kernel if kind == "gemv" else awq_kpack._kpack_kernel
         dispatch._install_helpers(lazy.fn.__module__, lazy.fn.__globals__, False)
         _FN[kind] = JITFunction(lazy.fn, **lazy.jit_kwargs)
     return _FN[kind]
@@ -89,32 +89,12 @@ def gemv_launch_args(M: int, N: int, K: int, cfg: dict):
     return sig, const, attrs, {"num_warps": cfg.get("warps", 1), "num_stages": cfg.get("stages", 3)}
 
 
-def splitk_launch_args(M: int, N: int, K: int, cfg: dict):
-    """(signature, constexprs, attrs, options) as awq_splitk.launch makes them (NSTEP, SPLIT plain i32)."""
-    fn = kernel_fn("splitk")
-    asm = [awq_kpack.dequant_asm(j, torch.bfloat16) for j in range(4)]
-    const = dict(G=GROUP, NBLK=K // awq_kpack.ROWS, PPG=min(8, GROUP // 16), BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"],
-                 KS=cfg["KS"], NBASE=0xC300, A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=False,
-                 S=min(awq_kpack.STRIPE, N))
-    sig = dict(PTRS)
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in PTRS}
-    _specialise(fn, sig, const, attrs, (("M", M), ("N", N), ("stride_xm", K), ("stride_om", N)))
-    sig.update({name: "i32" for name in ("NSTEP", "SPLIT")})
-    sig.update({name: "constexpr" for name in const if name not in sig})
-    opts = {"num_warps": cfg.get("warps", 4), "num_stages": cfg.get("stages", 3)}
-    if cfg.get("maxnreg"):
-        opts["maxnreg"] = cfg["maxnreg"]
-    return sig, const, attrs, opts
-
-
 def launch_args(M: int, N: int, K: int, cfg: dict):
     """(signature, constexprs, attrs, options) as awq_kpack.launch and Triton's binder make them
     for bf16 x [M, K], 16-byte aligned tensors: ints equal to 1 become constexprs, ints and pointers
     divisible by 16 get tt.divisibility 16; U, P, C are do_not_specialize (plain i32)."""
     if cfg.get("kind") == "gemv":
         return gemv_launch_args(M, N, K, cfg)
-    if cfg.get("kind") == "splitk":
-        return splitk_launch_args(M, N, K, cfg)
     fn = kernel_fn()
     BM, BN = cfg["BM"], cfg["BN"]
     swap = bool(cfg.get("swap"))

@@ -1,5 +1,5 @@
-"""Where the kpack GEMM's time goes, without hardware counters (the H200 machines run
-under gVisor: no ncu): the tuned config of each K1 layer and M timed beside variants
+"""Where the kpack GEMM's time goes, by timing (benchmarks/kpack_ncu.py reads the hardware
+counters where ncu runs): the tuned config of each K1 layer and M timed beside variants
 of itself with one thing changed, the differences read as that thing's cost.
 
 - no_dequant: each nibble plane's PTX is one `mov` (the loop keeps its loads, ldmatrix
@@ -9,8 +9,7 @@ of itself with one thing changed, the differences read as that thing's cost.
 - stages -1, +1: copy pipeline depth (words in flight).
 - copy: a plain read of the same bytes (torch's sum over the packed words), the
   layout's bandwidth with no GEMM around it.
-A tuned gemv or splitk config (kernels.awq_gemv, kernels.awq_splitk) gets its K split halved /
-doubled instead of its grid.
+A tuned gemv config (kernels.awq_gemv, M <= 4) gets its K split halved / doubled instead.
 
 Times are CUDA-graph replays rotating through enough weight sets to keep L2 cold, as
 K1's. Prints a table; --out writes the rows (diagnostics, not targets: no floor).
@@ -26,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels import awq, awq_gemv, awq_kpack, awq_splitk  # noqa: E402
+from kernels import awq, awq_gemv, awq_kpack  # noqa: E402
 from kernels.awq import pack_awq_int4  # noqa: E402
 from kernels.awq_configs import KPACK, chosen_config, shape_key  # noqa: E402
 from kernels.dispatch import TIMINGS, graph_time  # noqa: E402
@@ -57,10 +56,9 @@ def rotated(fns) -> float:
 def variants(cfg: dict, programs: int) -> list:
     """(name, config, asm or None) of the tuned config and its one-change variants; programs:
     the launch's program count (a gemv config's: its K split)."""
-    if cfg["kind"] in ("gemv", "splitk"):
-        plain = [("no_dequant", cfg, [NO_DEQUANT] * 4)] if cfg["kind"] == "splitk" else []
-        return [("as tuned", cfg, None)] + plain + [(f"split x{f}", {**cfg, "split": max(1, int(programs * f))}, None)
-                                                    for f in (0.5, 2)]
+    if cfg["kind"] == "gemv":
+        return [("as tuned", cfg, None)] + [(f"split x{f}", {**cfg, "split": max(1, int(programs * f))}, None)
+                                            for f in (0.5, 2)]
     out = [("as tuned", cfg, None), ("no_dequant", cfg, [NO_DEQUANT] * 4)]
     out += [(f"programs x{f}", {**cfg, "grid": max(1, int(programs * f))}, None) for f in (0.5, 2)]
     out += [(f"stages {d:+d}", {**cfg, "stages": cfg.get("stages", 3) + d}, None) for d in (-1, 1)
@@ -79,9 +77,6 @@ def ablate(K: int, N: int, M: int, sets: list, gen) -> list:
                  "time_us": rotated([lambda p=p: awq.awq_linear(x, p) for p in sets]) * 1e6}]
     if cfg["kind"] == "gemv":
         programs = awq_gemv.split_count(cfg, -(-N // cfg["BN"]), K // awq_kpack.ROWS, x.device)
-    elif cfg["kind"] == "splitk":
-        tiles = -(-N // cfg["BN"]) * -(-M // cfg["BM"])
-        programs = awq_splitk.split_count(cfg, tiles, -(-(K // awq_kpack.ROWS) // cfg["KS"]), x.device)
     else:
         tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
         programs = awq_kpack.program_count(cfg, tiles, K // awq_kpack.ROWS, x, N)

@@ -12,7 +12,8 @@ Run under ncu, which profiles only the launches between the profiler's start and
     python3 benchmarks/kpack_ncu.py --report $OUT/kpack.ncu-rep   # the summary table
 
 A case is (K, N, M, config): the tuner's picks of session 14 (benchmarks/results/kernels.json)
-at M = 1, 16, 64, 128 on the Qwen2.5-7B layers.
+at M = 1, 16, 64, 128 on the Qwen2.5-7B layers. The H200's counters of session 16 are in
+benchmarks/NOTES.md.
 """
 import argparse
 import csv
@@ -42,7 +43,7 @@ CASES = [
 # metric name -> short column
 METRICS = {
     "gpu__time_duration.sum": "us",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed|dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm%",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
     "launch__registers_per_thread": "regs",
@@ -87,8 +88,8 @@ def summary(report: str) -> str:
     out = ["case " + " ".join(f"{c:>7}" for c in METRICS.values()) + "  stalls (cycles per issue)"]
     for i, r in enumerate(rows):
         vals = []
-        for m in METRICS:
-            f = _num(r.get(m))
+        for m in METRICS:  # a|b: the first of these names the report has (they differ between ncu versions)
+            f = next((_num(r[k]) for k in m.split("|") if k in r), None)
             vals.append(f"{'-':>7}" if f is None else f"{f / 1e3:7.1f}" if m.startswith("gpu__time") else f"{f:7.1f}")
         stalls = sorted(((_num(v) or 0.0, STALL.fullmatch(k).group(1)) for k, v in r.items()
                          if k and STALL.fullmatch(k)), reverse=True)

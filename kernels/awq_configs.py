@@ -6,7 +6,6 @@ import torch
 from kernels import awq_ckpt, awq_kpack
 from kernels.awq_gemv import MAX_M as GEMV_MAX_M
 from kernels.awq_gemv import gemv_config
-from kernels.awq_splitk import splitk_config
 from kernels.dispatch import autotune, chosen, next_pow2, sm_count
 
 CKPT, KPACK = "awq_ckpt", "awq_kpack"  # the tuner's names of the two kernels
@@ -140,20 +139,6 @@ def gemv_configs(M: int) -> list:
     return [gemv_config(128, 4, 2)] if M <= GEMV_MAX_M else []
 
 
-def splitk_configs(M: int) -> list:
-    """K split inside a program too (kernels.awq_splitk), for M <= 64: KS warps on KS blocks of K
-    each; sm_90 SASS (benchmarks/kernel_sass.py): 16x64 KS 4 at 150 registers (3 programs, 12 warps
-    an SM), 32x64 KS 2 at 154, 32x32 KS 4 at 166, no spills."""
-    if M <= 16:
-        return [splitk_config(16, 64, 4, stages=3, waves=2), splitk_config(16, 64, 4, stages=4, waves=2),
-                splitk_config(16, 64, 4, stages=3, waves=3), splitk_config(16, 32, 4, stages=4, waves=4),
-                splitk_config(16, 64, 2, stages=3, waves=3)]
-    if M <= 64:
-        return [splitk_config(32, 64, 2, stages=3, waves=3), splitk_config(32, 32, 4, stages=3, waves=3)] + \
-            ([splitk_config(16, 64, 4, stages=3, waves=2)] if M <= 32 else [])
-    return []
-
-
 def kpack_configs(M: int, dtype, device) -> list:
     """Candidates timed per shape; the first is the interpreter's and the one used
     if a shape is first met inside a graph capture."""
@@ -161,8 +146,7 @@ def kpack_configs(M: int, dtype, device) -> list:
         gemv = [gemv_config(16, split=3), gemv_config(32, warps=2)] if M <= GEMV_MAX_M else []
         return [kpack_config(16, 32, grid=3), kpack_config(16, 32, grid="tiles"), kpack_config(32, 64, grid=5),
                 kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True),
-                kpack_config(32, 64, grid=5, fold=True), kpack_config(16, 32, grid=3, swap=True, fold=True),
-                splitk_config(16, 32, ks=4, split=3), splitk_config(32, 16, ks=2, warps=2, waves=1)] + gemv
+                kpack_config(32, 64, grid=5, fold=True), kpack_config(16, 32, grid=3, swap=True, fold=True)] + gemv
     if dtype == torch.float32:
         return [kpack_config(16, 64)] if M <= 64 else [DENSE]
     sms = sm_count(device)
@@ -185,7 +169,7 @@ def kpack_configs(M: int, dtype, device) -> list:
         return [kpack_config(16, 64), kpack_config(32, 64), kpack_config(32, 128), kpack_config(64, 64),
                 kpack_config(32, 64, warps=2), kpack_config(16, 128, warps=2, stages=4),
                 kpack_config(32, 128, swap=True), kpack_config(32, 128, swap=True, fold=True)] + swapped[:2] + [DENSE] + \
-            [kpack_config(32, 128, swap=True, maxnreg=168)]
+            [kpack_config(32, 128, swap=True, maxnreg=168)]  # 3 programs an SM, no spills: the M = 32 pick on the H200
     if M <= 256:
         # (128, 256) unswapped needs 256 KB of shared memory at 3 stages (the H200 has 227): left out
         return [DENSE] + [kpack_config(bm, bn, warps=8, stages=s, grid="tiles") for bm in (64, 128)

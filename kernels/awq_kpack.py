@@ -44,18 +44,18 @@ counts in on its shared tiles (an atomic counter per tile): the last to
 arrive sums the partials in program order (deterministic) and stores. Large
 M dequantizes to bf16 and calls torch.matmul.
 """
+from functools import lru_cache
 from typing import Optional
 
 import torch
 import triton.language as tl
 
-from kernels import awq_gemv, awq_splitk, kpack_planes
+from kernels import awq_gemv
 from kernels.awq_format import unpack_awq_int4
-from kernels.dispatch import config_key, jit_helper, lazy_jit, share_helpers, sm_count
-from kernels.kpack_planes import ROWS, dequant_asm
+from kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
 from kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
-share_helpers(__name__, kpack_planes._plane, kpack_planes._mma)
+ROWS = 128  # rows of K per packed block: 8 planes of 16
 STRIPE = 64  # columns a stripe of qk: a block of one stripe is 4 KB contiguous
 
 
@@ -98,6 +98,55 @@ def kpack_dequantize_reference(qk, zeros, scales, group_size: int, dtype=torch.f
     z = zeros.to(torch.int32).repeat_interleave(group_size, dim=0)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
     return (q - z).to(dtype) * s
+
+
+@lru_cache(maxsize=None)
+def dequant_asm(j: int, dtype, scaled: bool = False) -> str:
+    """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice);
+    scaled: (q - z) * s ($3: the scale twice), rounded once (q - z is exact), by an FMA with -0
+    (sm_80 has no bf16x2 multiply)."""
+    magic, one, fma = (("0x43004300", "0x3F803F80", "fma.rn.bf16x2") if dtype == torch.bfloat16
+                       else ("0x64006400", "0x3C003C00", "fma.rn.f16x2"))
+    shift = f"shr.b32 t, $1, {4 * j}; lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;" if j else \
+        f"lop3.b32 t, $1, 0x000F000F, {magic}, 0xEA;"
+    if not scaled:
+        return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
+    return ("{ .reg .b32 t, one, nz; " + shift + f" mov.b32 one, {one}; mov.b32 nz, 0x80008000;"
+            f" {fma} t, t, one, $2; {fma} $0, t, $3, nz; }}")
+
+
+@jit_helper
+def _plane(h, j: tl.constexpr, nz, zf, sb, like, ASM: tl.constexpr, EXACT: tl.constexpr, FOLD: tl.constexpr):
+    """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
+    dtype (float32 when EXACT), times the scale when FOLD; nz, zf and sb (the scale in
+    like's dtype) are broadcast to h's shape."""
+    if EXACT:
+        b = ((h.to(tl.int32) >> (4 * j)) & 0xF).to(tl.float32) - zf
+        if FOLD:
+            b = b * sb.to(tl.float32)
+        if like.dtype != tl.float32:
+            b = b.to(like.dtype)
+    elif FOLD:
+        b = tl.inline_asm_elementwise(ASM, "=r,r,r,r", [h, nz, sb], dtype=like.dtype, is_pure=True, pack=2)
+    else:
+        b = tl.inline_asm_elementwise(ASM, "=r,r,r", [h, nz], dtype=like.dtype, is_pure=True, pack=2)
+    return b
+
+
+@jit_helper
+def _mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
+    """acc + x b, or acc + b x when SWAP (b is then W^T's tile and x is x^T's)."""
+    if SWAP:
+        if EXACT and x.dtype == tl.float32:
+            acc = tl.dot(b, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b, x, acc)
+    else:
+        if EXACT and x.dtype == tl.float32:
+            acc = tl.dot(x, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, b, acc)
+    return acc
 
 
 @jit_helper
@@ -342,7 +391,7 @@ def program_count(cfg, tiles, nblk, x, N) -> int:
 
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, asm=None) -> torch.Tensor:
     """x [M, K] @ W with one config of kernels.awq_configs (into out when given; a "gemv" config
-    runs kernels.awq_gemv, a "splitk" one kernels.awq_splitk); asm: other PTX
+    runs kernels.awq_gemv); asm: other PTX
     for the four nibble planes (benchmarks/kpack_ablate.py times the loop without the dequant)."""
     M, K = x.shape
     N = scales.shape[1]
@@ -350,8 +399,6 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, asm=None)
         return x @ dequantize(qk, zeros, scales, group_size, x.dtype)
     if cfg["kind"] == "gemv":
         return awq_gemv.launch(x, qk, zeros, scales, group_size, cfg, out)
-    if cfg["kind"] == "splitk":
-        return awq_splitk.launch(x, qk, zeros, scales, group_size, cfg, out, asm)
     BM, BN = cfg["BM"], cfg["BN"]
     nblk = K // ROWS
     tiles = -(-M // BM) * -(-N // BN)

@@ -61,13 +61,6 @@ def jit_helper(fn):
     return fn
 
 
-def share_helpers(module: str, *fns) -> None:
-    """Make @jit_helper functions of another module callable by the kernels of `module`
-    (call at import, before that module's first launch)."""
-    for fn in fns:
-        _HELPERS.setdefault(module, {})[fn.__name__] = fn
-
-
 def _install_helpers(module: str, namespace: dict, mode: bool) -> None:
     helpers = _HELPERS.get(module)
     if not helpers:
