@@ -38,7 +38,7 @@ def hf_peer(path: str, dtype: torch.dtype = torch.float32):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import kernels
+    import llm_kernels
 
     cfg = AutoConfig.from_pretrained(path)
     group = cfg.quantization_config["group_size"]
@@ -52,7 +52,7 @@ def hf_peer(path: str, dtype: torch.dtype = torch.float32):
     for name, t in sd.items():
         if name.endswith(".qweight"):
             base = name[: -len(".qweight")]
-            w = kernels.awq_dequantize(t, sd[base + ".qzeros"], sd[base + ".scales"], group, torch.float32)
+            w = llm_kernels.awq_dequantize(t, sd[base + ".qzeros"], sd[base + ".scales"], group, torch.float32)
             params[base + ".weight"].data.copy_(w.t())
         elif name in params:
             params[name].data.copy_(t.float())

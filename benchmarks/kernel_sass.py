@@ -1,12 +1,12 @@
-"""Static SASS census of the kpack AWQ W4A16 GEMM (kernels.awq_kpack._kpack_kernel) for sm_90; no GPU needed.
+"""Static SASS census of the kpack AWQ W4A16 GEMM (llm_kernels.awq_kpack._kpack_kernel) for sm_90; no GPU needed.
 
-Each candidate of kernels.awq_configs.kpack_configs but the dense one (SM count forced to 132, the CUDA
+Each candidate of llm_kernels.awq_configs.kpack_configs but the dense one (SM count forced to 132, the CUDA
 branch) is compiled by triton.compile for GPUTarget("cuda", 90, 128) with the signature, specialisation
 attributes and constexprs awq_kpack.launch passes for (M, N, K, group 128, bf16). Reported: registers,
 spills, stack (ptxas -v), shared memory, pipeline buffers (TTGIR), PTX features, and SASS opcode counts
 (cuobjdump -sass) for the kernel and its main loop: the range of the backward branch with the most
 HGMMA/HMMA (the `for u` loop) less the forward-skipped ranges holding an STG (the tile-end stores).
-At M <= 4 the candidates include kernels.awq_gemv's (no MMA: its main loop is the longest backward
+At M <= 4 the candidates include llm_kernels.awq_gemv's (no MMA: its main loop is the longest backward
 branch, one trip a 128-row block), tabled apart.
 Run from the repo root (tables to --md, all numbers to --json):
     .venv/bin/python benchmarks/kernel_sass.py [--m 16 64] [--shapes down qkv] [--jobs 2] [--sass-dir DIR]
@@ -31,7 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kernels import awq_configs, awq_gemv, awq_kpack, dispatch  # noqa: E402
+from llm_kernels import awq_configs, awq_gemv, awq_kpack, dispatch  # noqa: E402
 
 SHAPES = {"down": (3584, 18944), "gate_up": (37888, 3584), "qkv": (4608, 3584)}
 MS = (16, 64, 128, 256)
@@ -305,7 +305,7 @@ GEMV_HEADER = ("| config | regs | spill st/ld B | smem B | CTAs/SM (warps) | LDG
 def markdown(results: list) -> str:
     gemv = [r for r in results if r["cfg"].get("kind") == "gemv"]
     results = [r for r in results if r["cfg"].get("kind") != "gemv"]
-    out = (["\n### gemv (kernels.awq_gemv): N x K, M\n", GEMV_HEADER] + [gemv_row(r) for r in gemv]) if gemv else []
+    out = (["\n### gemv (llm_kernels.awq_gemv): N x K, M\n", GEMV_HEADER] + [gemv_row(r) for r in gemv]) if gemv else []
     for name, (N, K) in SHAPES.items():
         for M in MS:
             rs = [r for r in results if (r["M"], r["N"], r["K"]) == (M, N, K)]

@@ -16,10 +16,10 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kernels  # noqa: E402
-from kernels.awq_configs import CKPT, KPACK, chosen_config, shape_key  # noqa: E402
-from kernels.dispatch import FAILED, TIMINGS, graph_time  # noqa: E402
-from kernels.awq import pack_awq_int4  # noqa: E402
+import llm_kernels  # noqa: E402
+from llm_kernels.awq_configs import CKPT, KPACK, chosen_config, shape_key  # noqa: E402
+from llm_kernels.dispatch import FAILED, TIMINGS, graph_time  # noqa: E402
+from llm_kernels.awq import pack_awq_int4  # noqa: E402
 from benchmarks import int4_peers  # noqa: E402
 
 HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
@@ -114,7 +114,7 @@ def time_int4_peers(x, ref, peer_sets):
 
 
 def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
-    from kernels import awq
+    from llm_kernels import awq
 
     gemlite, why = int4_peers.load_gemlite() if int4_peers_too else (None, "skipped")
     if gemlite is None:
@@ -132,8 +132,8 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             peer_sets.append(int4_peers.build(gemlite, q, qz, sc, G) if int4_peers_too else {})
             del q, qz
         prepared = [awq.awq_prepare(*st, G) for st in sets]  # the engine's path: the K-packed layout
-        dense = [kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
-        ref_w = kernels.awq_dequantize(*sets[0], G, dtype=torch.float32)
+        dense = [llm_kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
+        ref_w = llm_kernels.awq_dequantize(*sets[0], G, dtype=torch.float32)
         large = N == 37888 or K == 18944
         for M in ms:
             x = rand((M, K))
@@ -143,8 +143,8 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             ours = bench_rot([lambda p=p: awq.awq_linear(x, p) for p in prepared])
             ckpt = None
             if ckpt_too:  # the checkpoint layout's own kernel (its tuner compiles ~15 more configs a shape)
-                kernels.awq_gemm(x, *sets[0], G)
-                ckpt = bench_rot([lambda st=st: kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
+                llm_kernels.awq_gemm(x, *sets[0], G)
+                ckpt = bench_rot([lambda st=st: llm_kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
             cublas = bench_rot([lambda w=w: x @ w for w in dense])
             peers = {"cublas": cublas, **time_int4_peers(x, ref, peer_sets)}
             peer = min(t for k, t in peers.items() if isinstance(t, float) and not k.endswith("_rel_err"))
@@ -186,7 +186,7 @@ def k2(bw):
         for _ in range(nsets(kvbytes)):
             kc, vc = rand((nblk, bs, HKV, D)), rand((nblk, bs, HKV, D))
             tables = torch.randperm(nblk, device="cuda", generator=GEN).view(B, ctx // bs).int()
-            fns.append(lambda kc=kc, vc=vc, t=tables: kernels.paged_decode_attention(q, kc, vc, t, lens, D**-0.5))
+            fns.append(lambda kc=kc, vc=vc, t=tables: llm_kernels.paged_decode_attention(q, kc, vc, t, lens, D**-0.5))
         ours = bench_rot(fns)
         del fns
         q4 = q.view(B, HQ, 1, D)
@@ -212,7 +212,7 @@ def k3(peak):
     qsl = torch.arange(0, nseq + 1, device="cuda", dtype=torch.int32) * new
     q = rand((nseq * new, HQ, D))
     # prefill reads query_start_loc on the host (one sync), so it is timed outside graphs
-    ours = bench(lambda: kernels.paged_prefill_attention(q, kc, vc, tables, qsl, lens, D**-0.5))
+    ours = bench(lambda: llm_kernels.paged_prefill_attention(q, kc, vc, tables, qsl, lens, D**-0.5))
     # useful FLOPs: query i of the new half sees (ctx - new + i + 1) keys
     ours_flops = nseq * HQ * 4 * D * sum(ctx - new + i + 1 for i in range(new))
     qq, kk, vv = rand((nseq, HQ, ctx, D)), rand((nseq, HQ, ctx, D)), rand((nseq, HQ, ctx, D))
@@ -231,7 +231,7 @@ def k4(bw):
     T = 8192
     rows = []
     x, res, w = rand((T, HIDDEN)), rand((T, HIDDEN)), rand((HIDDEN,))
-    ours = bench_rot([lambda: kernels.fused_add_rms_norm(x, res, w, 1e-6)])
+    ours = bench_rot([lambda: llm_kernels.fused_add_rms_norm(x, res, w, 1e-6)])
     nbytes = 4 * T * HIDDEN * 2
     rows.append(row("K4", "add+rmsnorm", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
 
@@ -241,12 +241,12 @@ def k4(bw):
     cache = torch.cat([(torch.arange(32768, device="cuda").float()[:, None] * inv).cos(),
                        (torch.arange(32768, device="cuda").float()[:, None] * inv).sin()], -1)
     pos = torch.randint(0, 32768, (T,), device="cuda", generator=GEN)
-    ours = bench_rot([lambda: kernels.rotary_embedding(pos, q, k, cache)])
+    ours = bench_rot([lambda: llm_kernels.rotary_embedding(pos, q, k, cache)])
     nbytes = 2 * T * (HQ + HKV) * D * 2 + T * D * 4 + T * 8
     rows.append(row("K4", "rope (q,k views of qkv)", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
 
     g = rand((T, 2 * INTER))
-    ours = bench_rot([lambda: kernels.silu_and_mul(g)])
+    ours = bench_rot([lambda: llm_kernels.silu_and_mul(g)])
     nbytes = 3 * T * INTER * 2
     rows.append(row("K4", "silu_and_mul", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
 
@@ -256,7 +256,7 @@ def k4(bw):
         kc, vc = rand((T // bs + 8, bs, HKV, D)), rand((T // bs + 8, bs, HKV, D))
         key, val = rand((T, HKV, D)), rand((T, HKV, D))
         slots = torch.randperm(kc.shape[0] * bs, device="cuda", generator=GEN)[:T]
-        fns.append(lambda a=(key, val, kc, vc, slots): kernels.write_kv_cache(*a))
+        fns.append(lambda a=(key, val, kc, vc, slots): llm_kernels.write_kv_cache(*a))
     ours = bench_rot(fns)
     nbytes = 4 * T * HKV * D * 2 + T * 8
     rows.append(row("K4", "kv-cache write", ours, nbytes / bw, None, 0.70, None, gbps=nbytes / ours / 1e9))
@@ -285,14 +285,14 @@ def main():
     ap.add_argument("--skip-ckpt", action="store_true", help="K1 without the checkpoint layout's kernel")
     ap.add_argument("--skip-int4-peers", action="store_true", help="K1 with cuBLAS as its only peer")
     ap.add_argument("--stripe", type=int, default=None,
-                    help="K1's kpack stripe width (default kernels.awq_kpack.STRIPE; 0: unstriped)")
+                    help="K1's kpack stripe width (default llm_kernels.awq_kpack.STRIPE; 0: unstriped)")
     args = ap.parse_args()
     global GEN, PARTIAL
     GEN = torch.Generator(device="cuda").manual_seed(1234)
     PARTIAL = args.out + ".partial"
     bw, peak = ceilings()
     if args.stripe is not None:
-        from kernels import awq_kpack
+        from llm_kernels import awq_kpack
         awq_kpack.STRIPE = args.stripe or 1 << 30
     rows = []
     only = args.only.split(",")

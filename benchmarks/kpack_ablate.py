@@ -9,7 +9,7 @@ of itself with one thing changed, the differences read as that thing's cost.
 - stages -1, +1: copy pipeline depth (words in flight).
 - copy: a plain read of the same bytes (torch's sum over the packed words), the
   layout's bandwidth with no GEMM around it.
-A tuned gemv config (kernels.awq_gemv, M <= 4) gets its K split halved / doubled instead.
+A tuned gemv config (llm_kernels.awq_gemv, M <= 4) gets its K split halved / doubled instead.
 
 Times are CUDA-graph replays rotating through enough weight sets to keep L2 cold, as
 K1's. Prints a table; --out writes the rows (diagnostics, not targets: no floor).
@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels import awq, awq_gemv, awq_kpack  # noqa: E402
-from kernels.awq import pack_awq_int4  # noqa: E402
-from kernels.awq_configs import KPACK, chosen_config, shape_key  # noqa: E402
-from kernels.dispatch import TIMINGS, graph_time  # noqa: E402
+from llm_kernels import awq, awq_gemv, awq_kpack  # noqa: E402
+from llm_kernels.awq import pack_awq_int4  # noqa: E402
+from llm_kernels.awq_configs import KPACK, chosen_config, shape_key  # noqa: E402
+from llm_kernels.dispatch import TIMINGS, graph_time  # noqa: E402
 
 G = 128
 SHAPES = [(3584, 37888), (18944, 3584), (3584, 4608)]

@@ -25,8 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.awq_configs import kpack_config  # noqa: E402
-from kernels.awq_gemv import gemv_config  # noqa: E402
+from llm_kernels.awq_configs import kpack_config  # noqa: E402
+from llm_kernels.awq_gemv import gemv_config  # noqa: E402
 
 G = 128
 CASES = [
@@ -57,8 +57,8 @@ STALL = re.compile(r"smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\
 def run_cases(which) -> None:
     import torch
 
-    from kernels import awq, awq_kpack
-    from kernels.awq import pack_awq_int4
+    from llm_kernels import awq, awq_kpack
+    from llm_kernels.awq import pack_awq_int4
 
     gen = torch.Generator(device="cuda").manual_seed(1234)
     for i in which:

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kernels  # noqa: E402
+import llm_kernels  # noqa: E402
 from benchmarks import kernels as kb  # noqa: E402
 
 SHAPES = [(1, 4096), (16, 4096), (64, 2048), (64, 8192), (256, 1024)]
@@ -35,7 +35,7 @@ def decode_time(B, ctx, dtype, bs=16):
     for _ in range(kb.nsets(kvbytes)):
         kc, vc = (kb.rand((nblk, bs, kb.HKV, kb.D), scale=4.0).to(dtype) for _ in range(2))
         tables = torch.randperm(nblk, device="cuda", generator=kb.GEN).view(B, ctx // bs).int()
-        fns.append(lambda kc=kc, vc=vc, t=tables: kernels.paged_decode_attention(q, kc, vc, t, lens, kb.D**-0.5,
+        fns.append(lambda kc=kc, vc=vc, t=tables: llm_kernels.paged_decode_attention(q, kc, vc, t, lens, kb.D**-0.5,
                                                                                  **scales))
     t = kb.bench_rot(fns)
     del fns

@@ -18,11 +18,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import benchmarks.kernels as bk  # noqa: E402
 from engine.quant.repacked import apply_parts, int4_parts  # noqa: E402
-from kernels import awq  # noqa: E402
-from kernels.awq import pack_awq_int4  # noqa: E402
-from kernels.ct_format import ct_int_view, ct_pack  # noqa: E402
-from kernels.fp8 import FP8, fp8_linear, fp8_prepare, per_token_scales, quantize_fp8  # noqa: E402
-from kernels.gptq_format import gptq_unpack, pack_cols, pack_rows  # noqa: E402
+from llm_kernels import awq  # noqa: E402
+from llm_kernels.awq import pack_awq_int4  # noqa: E402
+from llm_kernels.ct_format import ct_int_view, ct_pack  # noqa: E402
+from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, per_token_scales, quantize_fp8  # noqa: E402
+from llm_kernels.gptq_format import gptq_unpack, pack_cols, pack_rows  # noqa: E402
 
 SHAPES = [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]
 G = 128

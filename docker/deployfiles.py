@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "docker" / "Dockerfile"
-PACKAGES = ("engine", "kernels", "handler")
+PACKAGES = ("engine", "llm_kernels", "handler")
 
 
 # --------------------------------------------------------------------------- #

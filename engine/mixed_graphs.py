@@ -8,7 +8,7 @@ whose inputs hold S = max_num_seqs + 1 sequence slots: the Tb - T padding tokens
 more sequence (KV slot -1, so nothing is written; it attends to Tb - T positions of its
 block-table row, which only ever holds real block ids: finite values, rows of their own),
 and the slots after it are empty sequences. Every per-step fact is in device tensors and
-the prefill attention's grid follows the tensors' shapes only (kernels.attention), so one
+the prefill attention's grid follows the tensors' shapes only (llm_kernels.attention), so one
 graph serves any split of its tokens into sequences.
 
 Larger steps run eagerly: at thousands of tokens a step is compute-bound and its

@@ -13,7 +13,7 @@ import logging
 import numpy as np
 import torch
 
-import kernels
+import llm_kernels
 from engine.model.layers import ForwardContext, PagedAttention, forward_context
 from engine.sequence import Sequence
 
@@ -65,7 +65,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.dtype = dtype
-        self.kv_cache_dtype = kv_cache_dtype or dtype  # FP8: kernels/kv_cache.py's scaled storage
+        self.kv_cache_dtype = kv_cache_dtype or dtype  # FP8: llm_kernels/kv_cache.py's scaled storage
         self.device = torch.device(device)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self.kv_cache: torch.Tensor | None = None  # every layer's K and V (allocate_kv_cache)
@@ -106,7 +106,7 @@ class ModelRunner:
         self.free_kv_cache()
         self.kv_cache = torch.zeros((len(self.attn_layers), 2, *shape), dtype=self.kv_cache_dtype,
                                     device=self.device)
-        fp8 = self.kv_cache_dtype in kernels.FP8_DTYPES
+        fp8 = self.kv_cache_dtype in llm_kernels.FP8_DTYPES
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
             layer.use_cache_scales(fp8)
@@ -125,7 +125,7 @@ class ModelRunner:
         if block_ids and self.kv_cache is not None:
             ids = torch.tensor(block_ids, dtype=torch.long)
             cache = self.kv_cache
-            if cache.dtype in kernels.FP8_DTYPES:  # index_fill_ has no FP8 kernel: zero the bytes
+            if cache.dtype in llm_kernels.FP8_DTYPES:  # index_fill_ has no FP8 kernel: zero the bytes
                 cache = cache.view(torch.uint8)
             cache.index_fill_(2, ids.to(self.device, non_blocking=True), 0)
 

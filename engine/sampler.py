@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+import llm_kernels
 from engine.logits_processors import apply_edits, needs_edits
 from engine.logprobs import PositionLogprobs, PromptRows, device_parts, read_parts
 from engine.sequence import Sequence
@@ -121,13 +121,13 @@ class Sampler:
         """sample() without waiting: the device work is queued and its results start their
         copy to the host; PendingSamples.tokens (on the device) can feed the next step.
         plain: no row has edits, penalties or bans (the caller checked), so none are looked for.
-        logits may be in the model's dtype: one fused pass (kernels.logits_summary) gives every
+        logits may be in the model's dtype: one fused pass (llm_kernels.logits_summary) gives every
         row's argmax, the log-sum-exp of its raw logits and whether they are finite, so a
         step of greedy rows without edits or logprobs makes no other pass over the vocabulary."""
         n = len(seqs)
         prompt_logits, logits = logits[n:], logits[:n]
         dev = logits.device
-        tokens, packed, lse = kernels.logits_summary(logits)
+        tokens, packed, lse = llm_kernels.logits_summary(logits)
         x = logits if plain else self._edit(logits, seqs, masks)
         sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
         if x is not logits:

@@ -93,7 +93,7 @@ def gptq_checkpoint(src: str, dst: str, bits: int = 4, group: int = 128, sym: bo
     order does) or, shared_order False, one per projection."""
     from safetensors.torch import load_file
 
-    from kernels.gptq_format import pack_cols, pack_rows
+    from llm_kernels.gptq_format import pack_cols, pack_rows
 
     ref = dst + "-ref"
     if os.path.exists(os.path.join(ref, "config.json")):

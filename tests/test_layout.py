@@ -1,5 +1,5 @@
 """The code's shape (DESIGN.md, "Layers"): imports only run handler -> engine ->
-kernels, no import cycle, nothing private imported across files, short files
+llm_kernels, no import cycle, nothing private imported across files, short files
 and functions, and a handler/ top level of a few modules."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("handler", "engine", "kernels")
+PACKAGES = ("handler", "engine", "llm_kernels")
 SOURCE_DIRS = PACKAGES + ("benchmarks", "docker", "scripts", "tests")
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 80
 MAX_HANDLER_MODULES = 12
-LAYERS = {"kernels": set(), "engine": {"kernels"}, "handler": {"engine", "kernels"}}
+LAYERS = {"llm_kernels": set(), "engine": {"llm_kernels"}, "handler": {"engine", "llm_kernels"}}
 
 
 def source_files(dirs=SOURCE_DIRS) -> list[Path]:
@@ -196,7 +196,7 @@ def test_the_checks_see_what_they_check(tmp_path):
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert not _cycles({"a": {"b"}, "b": set()})
     f = tmp_path / "m.py"
-    f.write_text("def f():\n" + "    x = 1\n" * 90 + "from kernels._dispatch import y\n")
+    f.write_text("def f():\n" + "    x = 1\n" * 90 + "from llm_kernels._dispatch import y\n")
     tree = ast.parse(f.read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     assert fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES

@@ -8,7 +8,7 @@ import re
 import torch
 from torch import nn
 
-import kernels
+import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.errors import UnsupportedModelError
 from engine.model.layers import Linear, PagedAttention, RMSNorm, VocabParallelEmbedding, make_linear, rope_cache
@@ -57,7 +57,7 @@ class Attention(nn.Module):
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm.plain(q), self.k_norm.plain(k)
-        q, k = kernels.rotary_embedding(positions, q, k, cos_sin)
+        q, k = llm_kernels.rotary_embedding(positions, q, k, cos_sin)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -69,7 +69,7 @@ class MLP(nn.Module):
                  intermediate_size: int | None = None):
         super().__init__()
         i = intermediate_size or spec.intermediate_size
-        self.act = kernels.gelu_tanh_and_mul if spec.extra.get("act") == "gelu_tanh" else kernels.silu_and_mul
+        self.act = llm_kernels.gelu_tanh_and_mul if spec.extra.get("act") == "gelu_tanh" else llm_kernels.silu_and_mul
         self.gate_up_proj = make_linear(spec.quant, prefix + "gate_up_proj", spec.hidden_size, [i, i], spec.mlp_bias,
                                         dtype, device, tp, "column")
         self.down_proj = make_linear(spec.quant, prefix + "down_proj", i, [spec.hidden_size], spec.mlp_bias, dtype,
@@ -235,7 +235,7 @@ class LlamaForCausalLM(nn.Module):
         if self.tp.size > 1:
             logits = (self.embed_tokens if self.spec.tie_word_embeddings else self.lm_head).logits(hidden)
         elif self.spec.tie_word_embeddings:
-            logits = kernels.dense_linear(hidden, self.embed_tokens.weight)
+            logits = llm_kernels.dense_linear(hidden, self.embed_tokens.weight)
         else:
             logits = self.lm_head(hidden)
         cap = self.spec.extra.get("final_logit_softcapping")

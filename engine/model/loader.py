@@ -8,7 +8,7 @@ import os
 
 import torch
 
-import kernels
+import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.errors import ModelLoadError
 from engine.model import registry
@@ -197,7 +197,7 @@ def fill_dummy_weights(model, seed: int = 0) -> None:
             continue
         if not t.is_floating_point():
             t.copy_(torch.randint(-(2**31), 2**31 - 1, t.shape, generator=gen, device=t.device, dtype=t.dtype))
-        elif t.dtype in kernels.FP8_DTYPES:  # FP8 weights: N(0, 1) codes (their scales are small buffers)
+        elif t.dtype in llm_kernels.FP8_DTYPES:  # FP8 weights: N(0, 1) codes (their scales are small buffers)
             t.copy_(torch.randn(t.shape, generator=gen, device=t.device).to(t.dtype))
         elif name in buffers:
             t.uniform_(0.001, 0.004, generator=gen)

@@ -1,5 +1,5 @@
 """AWQ: 4-bit AutoAWQ "GEMM" checkpoints (qweight/qzeros int32 packed 8 along N,
-fp16 scales per group), read from quantization_config and run by kernels.awq_linear."""
+fp16 scales per group), read from quantization_config and run by llm_kernels.awq_linear."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-import kernels
+import llm_kernels
 from engine.errors import UnsupportedModelError
 from engine.quant.base import QuantMethod
 
@@ -18,10 +18,10 @@ PACK = 8  # int4 values per int32, along the output features
 
 @dataclass(frozen=True, slots=True)
 class AWQ(QuantMethod):
-    """On CUDA through kernels.awq_linear (the weights repacked once into the K-packed
+    """On CUDA through llm_kernels.awq_linear (the weights repacked once into the K-packed
     layout of the Triton W4A16 GEMM); on the CPU outside the Triton interpreter through
-    kernels.awq_cpu_linear (torch's CPU int4 kernel for steps of few rows, the weight
-    dequantized once after loading for the others); elsewhere kernels.awq_gemm.
+    llm_kernels.awq_cpu_linear (torch's CPU int4 kernel for steps of few rows, the weight
+    dequantized once after loading for the others); elsewhere llm_kernels.awq_gemm.
     Under tensor parallelism "column" slices N (packed 8 per int32), "row" slices K
     (whole groups)."""
 
@@ -65,8 +65,8 @@ class AWQ(QuantMethod):
         layer.register_buffer("scales", torch.zeros(g, n, dtype=dtype, device=device))
         layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
         layer.dense = None  # the dequantized weight, on the CPU
-        layer.int4 = None  # kernels.awq_cpu's pack of it, on the CPU
-        layer.prepared = None  # kernels.AWQPrepared, on CUDA
+        layer.int4 = None  # llm_kernels.awq_cpu's pack of it, on the CPU
+        layer.prepared = None  # llm_kernels.AWQPrepared, on CUDA
 
     def tensor_names(self, layer) -> list[str]:
         return ["qweight", "qzeros", "scales"] + (["bias"] if layer.bias is not None else [])
@@ -93,21 +93,21 @@ class AWQ(QuantMethod):
 
     def finalize(self, layer) -> None:
         if layer.qweight.is_cuda:
-            layer.prepared = kernels.awq_prepare(layer.qweight, layer.qzeros, layer.scales, self.group_size)
+            layer.prepared = llm_kernels.awq_prepare(layer.qweight, layer.qzeros, layer.scales, self.group_size)
             if layer.prepared.qk is not None:  # repacked: the checkpoint copy is not needed any more
                 layer.qweight = torch.empty(0, dtype=torch.int32, device=layer.qweight.device)
                 layer.qzeros = torch.empty(0, dtype=torch.int32, device=layer.qzeros.device)
-        elif not kernels.use_triton(layer.qweight):
-            layer.dense, layer.int4 = kernels.awq_cpu_prepare(layer.qweight, layer.qzeros, layer.scales,
+        elif not llm_kernels.use_triton(layer.qweight):
+            layer.dense, layer.int4 = llm_kernels.awq_cpu_prepare(layer.qweight, layer.qzeros, layer.scales,
                                                               self.group_size)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.dense is not None:
-            return kernels.awq_cpu_linear(x, layer.dense, layer.int4, bias)
+            return llm_kernels.awq_cpu_linear(x, layer.dense, layer.int4, bias)
         if layer.prepared is not None:
-            y = kernels.awq_linear(x, layer.prepared)
+            y = llm_kernels.awq_linear(x, layer.prepared)
             return y + bias if bias is not None else y
         shape = x.shape
-        y = kernels.awq_gemm(x.reshape(-1, shape[-1]), layer.qweight, layer.qzeros, layer.scales, self.group_size)
+        y = llm_kernels.awq_gemm(x.reshape(-1, shape[-1]), layer.qweight, layer.qzeros, layer.scales, self.group_size)
         y = y.reshape(*shape[:-1], y.shape[-1])
         return y + bias if bias is not None else y

@@ -1,7 +1,7 @@
 """FP8 checkpoints (quant_method "fp8": vLLM's and transformers' FineGrainedFP8, e.g.
 the official Qwen3 FP8 releases) and the FP8 linear layer that compressed-tensors'
 float-quantized scheme shares: e4m3 weights, activations quantized per token at run
-time (kernels.fp8)."""
+time (llm_kernels.fp8)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +13,8 @@ from torch import nn
 from engine.errors import UnsupportedModelError
 from engine.quant.base import QuantMethod
 from engine.quant.names import listed
-from kernels.dense import dense_linear
-from kernels.fp8 import FP8, dequantize_fp8, fp8_linear, fp8_prepare, fp8_qdq_per_token
+from llm_kernels.dense import dense_linear
+from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_linear, fp8_prepare, fp8_qdq_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ def create_fp8(scheme: FP8Scheme, layer, bias: bool, dtype, device) -> None:
     layer.register_buffer("weight", torch.zeros(n, k, dtype=FP8, device=device))
     layer.register_buffer(scheme.scale_name, scale)
     layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
-    layer.fp8 = None  # kernels.fp8.FP8Prepared, or (the dense weight, the activation group) for blocks
+    layer.fp8 = None  # llm_kernels.fp8.FP8Prepared, or (the dense weight, the activation group) for blocks
     layer.dtype = dtype
 
 
@@ -113,7 +113,7 @@ class FP8Method(QuantMethod):
     weight scales, dynamic activations. Block-wise weights are dequantized at load into
     the model's dtype (no block-scaled FP8 GEMM here yet: twice the FP8 bytes) and the
     activations quantized per token and group of the block width, as transformers' and
-    vLLM's kernels do; per-tensor ones run kernels.fp8_linear."""
+    vLLM's kernels do; per-tensor ones run llm_kernels.fp8_linear."""
 
     scheme: FP8Scheme
     skip: tuple[str, ...] = ()

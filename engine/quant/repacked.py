@@ -1,7 +1,7 @@
 """The runtime shared by the integer weight-only formats read in other layouts
 (GPTQ, compressed-tensors pack-quantized): int4 weights repacked at load time into
-AutoAWQ's layout and run by the same kernels as AWQ (kernels.awq_linear on CUDA,
-kernels.awq_cpu_linear on the CPU); int8 weights dequantized at load (no int8 GEMM
+AutoAWQ's layout and run by the same kernels as AWQ (llm_kernels.awq_linear on CUDA,
+llm_kernels.awq_cpu_linear on the CPU); int8 weights dequantized at load (no int8 GEMM
 here: twice the int8 bytes in the model's dtype)."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
-from kernels.gptq_format import act_order, int4_to_awq
+import llm_kernels
+from llm_kernels.gptq_format import act_order, int4_to_awq
 
 
 @dataclass
 class Part:
     """Output columns [start, end) of a layer: perm (or None) orders the input features
     as the repacked weight reads them; then one of prepared (CUDA), dense [n, K] or the
-    AWQ-layout tensors for kernels.awq_gemm (the Triton interpreter, and tests)."""
+    AWQ-layout tensors for llm_kernels.awq_gemm (the Triton interpreter, and tests)."""
 
     start: int
     end: int
@@ -28,7 +28,7 @@ class Part:
     scales: torch.Tensor | None = None
     prepared: object = None
     dense: torch.Tensor | None = None
-    int4: object = None  # kernels.awq_cpu's pack beside dense (int4 parts on the CPU)
+    int4: object = None  # llm_kernels.awq_cpu's pack beside dense (int4 parts on the CPU)
 
 
 def int4_parts(shards: list[tuple], group: int, dtype) -> list[Part]:
@@ -64,12 +64,12 @@ def _same(a, b) -> bool:
 
 
 def _place(p: Part) -> None:
-    """As kernels.awq wants it on this device (the AWQ method's choice, see engine.quant.awq)."""
+    """As llm_kernels.awq wants it on this device (the AWQ method's choice, see engine.quant.awq)."""
     if p.qweight.is_cuda:
-        p.prepared = kernels.awq_prepare(p.qweight, p.qzeros, p.scales, p.group)
+        p.prepared = llm_kernels.awq_prepare(p.qweight, p.qzeros, p.scales, p.group)
         p.qweight = p.qzeros = None
-    elif not kernels.use_triton(p.qweight):
-        p.dense, p.int4 = kernels.awq_cpu_prepare(p.qweight, p.qzeros, p.scales, p.group)
+    elif not llm_kernels.use_triton(p.qweight):
+        p.dense, p.int4 = llm_kernels.awq_cpu_prepare(p.qweight, p.qzeros, p.scales, p.group)
 
 
 def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -78,12 +78,12 @@ def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -
     for p in parts:
         xp = x.index_select(-1, p.perm) if p.perm is not None else x
         if p.dense is not None:
-            y = kernels.awq_cpu_linear(xp, p.dense, p.int4)
+            y = llm_kernels.awq_cpu_linear(xp, p.dense, p.int4)
         elif p.prepared is not None:
-            y = kernels.awq_linear(xp, p.prepared)
+            y = llm_kernels.awq_linear(xp, p.prepared)
         else:
             lead = xp.shape[:-1]
-            y = kernels.awq_gemm(xp.reshape(-1, xp.shape[-1]), p.qweight, p.qzeros, p.scales, p.group)
+            y = llm_kernels.awq_gemm(xp.reshape(-1, xp.shape[-1]), p.qweight, p.qzeros, p.scales, p.group)
             y = y.reshape(*lead, y.shape[-1])
         outs.append(y)
     y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -91,7 +91,7 @@ def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -
 
 
 def drop_dense(parts: list[Part]) -> None:
-    """Forget the CPU's dequantized copies, so that kernels.awq_gemm runs the repacked
+    """Forget the CPU's dequantized copies, so that llm_kernels.awq_gemm runs the repacked
     tensors (tests check both paths agree)."""
     for p in parts:
         if p.qweight is not None:

@@ -3,7 +3,7 @@ llguidance computes the masks of the constrained requests (on a helper thread th
 releases the GIL, in llguidance's parallel threads, into a reused host buffer, pinned on
 CUDA) while the host launches the model and the device runs it; the sampler then takes
 them (the future's result()), copies them to the device and applies them
-(kernels.apply_token_bitmask). A step with no constrained request does nothing here.
+(llm_kernels.apply_token_bitmask). A step with no constrained request does nothing here.
 After sampling, advance() feeds each constrained request its token."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+import llm_kernels
 from engine.sequence import Sequence
 
 
@@ -27,7 +27,7 @@ class StepMasks:
         rows, mask = self.rows_t, self.bitmask
         if logits.device.type != "cpu":  # asynchronous copies out of pinned memory
             rows, mask = rows.to(logits.device, non_blocking=True), mask.to(logits.device, non_blocking=True)
-        kernels.apply_token_bitmask(logits, rows, mask)
+        llm_kernels.apply_token_bitmask(logits, rows, mask)
 
 
 class MaskFiller:

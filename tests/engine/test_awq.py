@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-import kernels
+import llm_kernels
 from engine import LLM, SamplingParams
 from engine.model.layers import Linear
 from engine.quant import AWQ
-from kernels.awq import pack_awq_int4, unpack_awq_int4
+from llm_kernels.awq import pack_awq_int4, unpack_awq_int4
 from tests import models
 
 
@@ -27,7 +27,7 @@ def test_awq_gemm_matches_dense_math():
     s = torch.rand(K // G, N, generator=g) * 0.1
     x = torch.randn(5, K, generator=g)
     w = (q - z.repeat_interleave(G, 0)).float() * s.repeat_interleave(G, 0)
-    out = kernels.awq_gemm(x, pack_awq_int4(q), pack_awq_int4(z), s, G)
+    out = llm_kernels.awq_gemm(x, pack_awq_int4(q), pack_awq_int4(z), s, G)
     torch.testing.assert_close(out, x @ w, rtol=1e-5, atol=1e-5)
 
 

@@ -9,8 +9,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.model.layers import Linear
 from engine.quant.repacked import drop_dense
-from kernels.ct_format import ct_pack, ct_unpack
-from kernels.gptq_format import int4_to_awq, pack_cols, pack_rows, unpack_cols, unpack_rows
+from llm_kernels.ct_format import ct_pack, ct_unpack
+from llm_kernels.gptq_format import int4_to_awq, pack_cols, pack_rows, unpack_cols, unpack_rows
 from tests import models, quant_models
 
 MAX_NEW = 8
@@ -41,7 +41,7 @@ def test_ct_packing_matches_compressed_tensors():
 
 def test_act_order_repack_is_the_same_product():
     """A shuffled g_idx: x[:, perm] @ W_awq equals x @ W on the checkpoint's own rows."""
-    from kernels.awq import awq_dequantize
+    from llm_kernels.awq import awq_dequantize
 
     g = torch.Generator().manual_seed(2)
     K, N, G = 128, 32, 32

@@ -260,7 +260,7 @@ def _dequantize(qweight, qzeros, scales, group):
     try:
         from awq.utils.packing_utils import dequantize_gemm
     except ImportError:
-        from kernels import awq_dequantize
+        from llm_kernels import awq_dequantize
 
         return awq_dequantize(qweight, qzeros, scales.float(), group, torch.float32)
     return dequantize_gemm(qweight, qzeros, scales.float(), 4, group)

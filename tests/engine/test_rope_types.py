@@ -14,7 +14,7 @@ from engine.model.layers.rotary import (
     ROPE_TYPES, rope_attention_factor, rope_cache, rope_inv_freq, rope_is_two_sided, rope_long_after, rope_rows,
 )
 from engine.model.spec import rope_from_config
-from kernels.rotary import rotary_embedding_reference
+from llm_kernels.rotary import rotary_embedding_reference
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 

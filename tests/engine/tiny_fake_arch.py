@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.errors import UnsupportedModelError
 from engine.model.layers import PagedAttention, RMSNorm, make_linear, rope_cache
@@ -23,7 +23,7 @@ class FakeAttention(nn.Module):
 
     def forward(self, positions, x, cos_sin):
         q, k, v = self.wqkv(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
-        q, k = kernels.rotary_embedding(positions, q.reshape(-1, self.heads, self.hd),
+        q, k = llm_kernels.rotary_embedding(positions, q.reshape(-1, self.heads, self.hd),
                                         k.reshape(-1, self.kv_heads, self.hd), cos_sin)
         out = self.paged(q, k, v.reshape(-1, self.kv_heads, self.hd))
         return self.wo(out.reshape(-1, self.heads * self.hd))

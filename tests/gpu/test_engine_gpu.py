@@ -118,7 +118,7 @@ def test_awq_model_on_cuda_matches_cpu(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from kernels.awq import pack_awq_int4
+    from llm_kernels.awq import pack_awq_int4
 
     src = models.make_checkpoint(str(tmp_path / "dense"), "qwen2", seed=4, hidden_size=256, intermediate_size=512,
                                  num_attention_heads=8, num_key_value_heads=2)

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from kernels.attention import (
+from llm_kernels.attention import (
     paged_decode_attention,
     paged_decode_attention_reference,
     paged_prefill_attention,
     paged_prefill_attention_reference,
 )
-from kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+from llm_kernels.kv_cache import write_kv_cache, write_kv_cache_reference
 from tests.engine.test_fp8_kv import MAX_NEW, assert_parity, hf_fp8_greedy
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]

@@ -56,7 +56,7 @@ def _paged(batch, max_blocks, block_size, dtype, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,max_ctx", [(3, 300), (8, 2048), (2, 8192)])
 def test_decode_attention_real_shapes(dtype, batch, max_ctx, gen):
-    from kernels.attention import paged_decode_attention, paged_decode_attention_reference
+    from llm_kernels.attention import paged_decode_attention, paged_decode_attention_reference
 
     bs = 16
     k, v, bt = _paged(batch, max_ctx // bs + 1, bs, dtype, gen)
@@ -71,7 +71,7 @@ def test_decode_attention_real_shapes(dtype, batch, max_ctx, gen):
 def test_decode_attention_every_config(hq, hkv, d, gen):
     """Each candidate of the decode autotuner (the engine may run any of them),
     at a graph-sized table (256 blocks) with ragged lengths, in bf16."""
-    from kernels import attention as att
+    from llm_kernels import attention as att
 
     batch, bs, width = 8, 16, 256
     nb = batch * width + 5
@@ -91,7 +91,7 @@ def test_decode_attention_every_config(hq, hkv, d, gen):
 
 
 def test_decode_attention_in_cuda_graph_with_new_lengths(gen):
-    from kernels.attention import paged_decode_attention, paged_decode_attention_reference
+    from llm_kernels.attention import paged_decode_attention, paged_decode_attention_reference
 
     batch, bs, max_blocks = 8, 16, 64
     k, v, bt = _paged(batch, max_blocks, bs, torch.bfloat16, gen)
@@ -112,7 +112,7 @@ def test_decode_attention_in_cuda_graph_with_new_lengths(gen):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_attention_real_shapes(dtype, gen):
-    from kernels.attention import paged_prefill_attention, paged_prefill_attention_reference
+    from llm_kernels.attention import paged_prefill_attention, paged_prefill_attention_reference
 
     seqs = [(700, 0), (129, 512), (1, 1000), (333, 64)]  # (new, cached prefix)
     bs = 16
@@ -132,7 +132,7 @@ def test_prefill_attention_real_shapes(dtype, gen):
 def test_sliding_window_and_softcap_decode_and_prefill(dtype, window, softcap, gen):
     """Gemma / Mistral windows and Gemma 2 soft-capping at real shapes, decode (in a CUDA
     graph too, every config) and prefill with cached prefixes longer than the window."""
-    from kernels import attention as att
+    from llm_kernels import attention as att
 
     bs, batch = 16, 6
     k, v, bt = _paged(batch, 8192 // bs + 1, bs, dtype, gen)
@@ -162,7 +162,7 @@ def test_sliding_window_and_softcap_decode_and_prefill(dtype, window, softcap, g
 
 
 def _awq(K, N, G, dtype, gen):
-    from kernels.awq import pack_awq_int4
+    from llm_kernels.awq import pack_awq_int4
 
     q = torch.randint(0, 16, (K, N), device="cuda", generator=gen)
     z = torch.randint(0, 16, (K // G, N), device="cuda", generator=gen)
@@ -175,7 +175,7 @@ def _awq(K, N, G, dtype, gen):
 def test_awq_gemm_every_config(K, N, M, gen):
     """Each candidate the autotuner may pick (inline-PTX, plain-Triton,
     split-K in one launch, wgmma tiles, dense), and the public call, are right."""
-    from kernels import awq, awq_ckpt, awq_configs
+    from llm_kernels import awq, awq_ckpt, awq_configs
 
     if N == 37888 and M not in (1, 16, 64):
         pytest.skip("the widest layer: decode sizes only")
@@ -191,7 +191,7 @@ def test_awq_gemm_every_config(K, N, M, gen):
 
 @pytest.mark.parametrize("dtype,M", [(torch.float32, 8), (torch.float32, 100), (torch.float16, 4), (torch.float16, 48)])
 def test_awq_gemm_float32_float16(dtype, M, gen):
-    from kernels import awq, awq_ckpt, awq_configs
+    from llm_kernels import awq, awq_ckpt, awq_configs
 
     qw, qz, s = _awq(3584, 512, 128, dtype, gen)
     x = _rand((M, 3584), dtype, gen)
@@ -204,7 +204,7 @@ def test_awq_gemm_float32_float16(dtype, M, gen):
 
 @pytest.mark.parametrize("G", [32, 64, 256])
 def test_awq_gemm_group_sizes(G, gen):
-    from kernels import awq, awq_ckpt, awq_configs
+    from llm_kernels import awq, awq_ckpt, awq_configs
 
     qw, qz, s = _awq(2048, 1024, G, torch.bfloat16, gen)
     x = _rand((5, 2048), torch.bfloat16, gen)
@@ -216,7 +216,7 @@ def test_awq_gemm_group_sizes(G, gen):
 def test_awq_split_k_deterministic_and_in_cuda_graph(gen):
     """The split-K partials are summed in a fixed order (same bits every call),
     and the arrival counters reset, so graph replays with new inputs stay right."""
-    from kernels import awq, awq_configs
+    from llm_kernels import awq, awq_configs
 
     K, N, M = 18944, 3584, 4
     qw, qz, s = _awq(K, N, 128, torch.bfloat16, gen)
@@ -237,7 +237,7 @@ def test_awq_split_k_deterministic_and_in_cuda_graph(gen):
 
 
 def test_awq_prepare_and_linear(gen):
-    from kernels import awq
+    from llm_kernels import awq
 
     qw, qz, s = _awq(3584, 4608, 128, torch.bfloat16, gen)
     p = awq.awq_prepare(qw, qz, s, 128)
@@ -253,7 +253,7 @@ def test_awq_prepare_and_linear(gen):
 def test_kpack_every_config(K, N, M, gen):
     """The K-packed kernel the engine runs on CUDA: each candidate config, and
     the tuned public call, against the checkpoint-format reference in float32."""
-    from kernels import awq, awq_configs, awq_kpack
+    from llm_kernels import awq, awq_configs, awq_kpack
 
     if N == 37888 and M not in (1, 16, 50):
         pytest.skip("the widest layer: decode sizes only")
@@ -270,7 +270,7 @@ def test_kpack_every_config(K, N, M, gen):
 @pytest.mark.parametrize("G", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_kpack_group_sizes_and_dtypes(G, dtype, gen):
-    from kernels import awq, awq_configs, awq_kpack
+    from llm_kernels import awq, awq_configs, awq_kpack
 
     qw, qz, s = _awq(2048, 1024, G, torch.float16, gen)
     qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
@@ -281,7 +281,7 @@ def test_kpack_group_sizes_and_dtypes(G, dtype, gen):
 
 
 def test_kpack_stream_k_deterministic_and_in_cuda_graph(gen):
-    from kernels import awq, awq_configs, awq_kpack
+    from llm_kernels import awq, awq_configs, awq_kpack
 
     K, N, M = 18944, 3584, 4
     qw, qz, s = _awq(K, N, 128, torch.bfloat16, gen)
@@ -307,7 +307,7 @@ def test_kpack_stream_k_deterministic_and_in_cuda_graph(gen):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_rotary_silu_kv_write_real_shapes(dtype, gen):
-    from kernels import activation, kv_cache, norm, rotary
+    from llm_kernels import activation, kv_cache, norm, rotary
 
     T = 257
     x, res, w = _rand((T, HIDDEN), dtype, gen), _rand((T, HIDDEN), dtype, gen), _rand((HIDDEN,), dtype, gen)
@@ -347,7 +347,7 @@ def test_norm_rotary_silu_kv_write_real_shapes(dtype, gen):
 def test_logits_summary_real_vocab_and_in_cuda_graph(dtype, gen):
     """The fused argmax / log-sum-exp / finite pass at Qwen2.5's vocabulary: the reference's
     tokens (ties to the first index), lse, flags; then replayed in a CUDA graph on new logits."""
-    from kernels import sampling
+    from llm_kernels import sampling
 
     V = 152064
     logits = _rand((50, V), dtype, gen, scale=4.0)

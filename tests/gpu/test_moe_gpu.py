@@ -46,7 +46,7 @@ def dense(gen):
 
 
 def _awq(K, N, gen, dtype):
-    from kernels import AWQExperts, pack_awq_int4
+    from llm_kernels import AWQExperts, pack_awq_int4
 
     q = torch.randint(0, 16, (E, K, N), device="cuda", generator=gen, dtype=torch.int32)
     z = torch.randint(0, 16, (E, K // G, N), device="cuda", generator=gen, dtype=torch.int32)
@@ -62,7 +62,7 @@ def awq(gen):
 
 @pytest.mark.parametrize("T", [1, 16, 256, 1024])
 def test_fused_moe_dense_bf16(T, dense, gen):
-    from kernels.moe import fused_moe, fused_moe_reference
+    from llm_kernels.moe import fused_moe, fused_moe_reference
 
     w13, w2 = dense
     x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
@@ -73,7 +73,7 @@ def test_fused_moe_dense_bf16(T, dense, gen):
 
 @pytest.mark.parametrize("T", [1, 16, 256, 1024])
 def test_fused_moe_awq_g128_bf16(T, awq, gen):
-    from kernels.moe import fused_moe_awq, fused_moe_awq_reference
+    from llm_kernels.moe import fused_moe_awq, fused_moe_awq_reference
 
     w13, w2 = awq
     x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
@@ -86,7 +86,7 @@ def test_fused_moe_fp16_and_every_candidate_config(dense, gen):
     """Each candidate config of the tuner (not only the one it picks) computes the same."""
     from triton.runtime.errors import OutOfResources
 
-    from kernels.moe import fused_moe, fused_moe_reference, moe_configs
+    from llm_kernels.moe import fused_moe, fused_moe_reference, moe_configs
 
     w13, w2 = (w.half() for w in dense)
     for T, bm in ((4, 16), (512, 32), (2048, 128)):
@@ -108,7 +108,7 @@ def test_fused_moe_fp16_and_every_candidate_config(dense, gen):
 def test_fused_moe_replays_in_a_cuda_graph(quant, dense, awq, gen):
     """Captured once (after an eager call tuned it), replayed after the routing and the
     input were rewritten in place: the sort/pad reads nothing back to the host."""
-    from kernels.moe import fused_moe, fused_moe_awq, fused_moe_awq_reference, fused_moe_reference
+    from llm_kernels.moe import fused_moe, fused_moe_awq, fused_moe_awq_reference, fused_moe_reference
 
     run, ref_fn, weights = (fused_moe_awq, fused_moe_awq_reference, awq) if quant else \
         (fused_moe, fused_moe_reference, dense)

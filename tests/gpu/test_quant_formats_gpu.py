@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine.quant.repacked import apply_parts, int4_parts
-from kernels.awq import AWQPrepared
-from kernels.ct_format import ct_int_view, ct_pack
-from kernels.fp8 import FP8, fp8_linear, fp8_prepare, fp8_qdq_per_token, scaled_mm_available
-from kernels.gptq_format import gptq_unpack, pack_cols, pack_rows
+from llm_kernels.awq import AWQPrepared
+from llm_kernels.ct_format import ct_int_view, ct_pack
+from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, fp8_qdq_per_token, scaled_mm_available
+from llm_kernels.gptq_format import gptq_unpack, pack_cols, pack_rows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

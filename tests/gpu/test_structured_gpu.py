@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from kernels.token_mask import apply_token_bitmask, apply_token_bitmask_reference
+from llm_kernels.token_mask import apply_token_bitmask, apply_token_bitmask_reference
 from tests import models
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -25,7 +25,7 @@ JOBS = size(120, 600)
 SEED = 1234
 # over the second half of the jobs: the worker's own state must not grow with the number of jobs. The
 # first half warms what is bounded but filled as shapes arrive: e.g. the CPU matmul's kernel per row-count
-# bucket (kernels/dense.py; unbucketed it grew ~0.25 MB a job here without end)
+# bucket (llm_kernels/dense.py; unbucketed it grew ~0.25 MB a job here without end)
 RSS_GROWTH_LIMIT_MB = 64.0
 ENV = {"MAX_MODEL_LEN": "256", "NUM_KV_BLOCKS": "96", "BLOCK_SIZE": "16", "MAX_CONCURRENCY": "24",
        "JOB_KV_TOKENS": "64", "DEFAULT_MAX_TOKENS": "16", "DEFAULT_BATCH_SIZE": "8", "METRICS_LOG_INTERVAL_S": "0",

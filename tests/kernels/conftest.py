@@ -1,6 +1,6 @@
 """Kernel tests run the Triton kernels under the interpreter on CPU tensors.
 
-TRITON_INTERPRET is set per test (kernels/ builds its kernels at launch, so
+TRITON_INTERPRET is set per test (llm_kernels/ builds its kernels at launch, so
 the import order of the suite does not matter) and unset afterwards, so the
 rest of a one-process suite keeps the plain reference path.
 """

@@ -3,7 +3,7 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.activation import gelu_tanh_and_mul, gelu_tanh_and_mul_reference, silu_and_mul, silu_and_mul_reference
+from llm_kernels.activation import gelu_tanh_and_mul, gelu_tanh_and_mul_reference, silu_and_mul, silu_and_mul_reference
 
 OPS = [(silu_and_mul, silu_and_mul_reference), (gelu_tanh_and_mul, gelu_tanh_and_mul_reference)]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.attention import (
+from llm_kernels.attention import (
     decode_partition,
     paged_decode_attention,
     paged_decode_attention_reference,

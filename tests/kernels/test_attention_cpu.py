@@ -1,5 +1,5 @@
-"""The CPU path of paged attention (kernels/attention_cpu.py) against the references
-(kernels/attention_reference.py): decode and prefill, GQA/MQA, ragged lengths, windows,
+"""The CPU path of paged attention (llm_kernels/attention_cpu.py) against the references
+(llm_kernels/attention_reference.py): decode and prefill, GQA/MQA, ragged lengths, windows,
 FP8-style scales, soft-capping (handed to the reference), and NaN in every cache slot no
 query may see (the tail of a last block, blocks before a window, table entries past a
 context pointing anywhere) changes nothing. The public calls take this path on CPU tensors
@@ -8,9 +8,9 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels import attention
-from kernels.attention_cpu import paged_decode_attention_cpu, paged_prefill_attention_cpu
-from kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
+from llm_kernels import attention
+from llm_kernels.attention_cpu import paged_decode_attention_cpu, paged_prefill_attention_cpu
+from llm_kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
 
 HEADS = [(4, 4), (8, 2), (9, 3), (6, 1)]
 
@@ -97,7 +97,7 @@ def test_fp8_scales_and_softcap(rng):
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_caches(rng, fp8):
-    """An FP8 cache (kernels/kv_cache.py) with per-tensor scales, decode and prefill."""
+    """An FP8 cache (llm_kernels/kv_cache.py) with per-tensor scales, decode and prefill."""
     k, v = (t.to(fp8) for t in _cache(rng, 12, 8, 2, 16, torch.float32))
     tables = torch.arange(12, dtype=torch.int32).view(3, 4)
     lens = torch.tensor([30, 3, 17], dtype=torch.int32)

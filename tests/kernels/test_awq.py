@@ -8,8 +8,8 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.workspace import workspace
-from kernels.awq import (
+from llm_kernels.workspace import workspace
+from llm_kernels.awq import (
     awq_dequantize,
     awq_gemm,
     awq_gemm_reference,
@@ -18,8 +18,8 @@ from kernels.awq import (
     pack_awq_int4,
     unpack_awq_int4,
 )
-from kernels.awq_ckpt import dequantize, launch, plan
-from kernels.awq_configs import ckpt_config, ckpt_configs
+from llm_kernels.awq_ckpt import dequantize, launch, plan
+from llm_kernels.awq_configs import ckpt_config, ckpt_configs
 
 
 def _weights(rng, K, N, G, dtype):
@@ -77,7 +77,7 @@ def test_awq_dequantize_kernel_matches_reference(dtype, rng, poisoned):
 
 
 def test_awq_prepare_and_linear(rng, monkeypatch):
-    """On CPU the prepared layer keeps the checkpoint layout (kernels.awq_ckpt under the
+    """On CPU the prepared layer keeps the checkpoint layout (llm_kernels.awq_ckpt under the
     interpreter, the reference without it)."""
     qw, qz, s = _weights(rng, 256, 64, 64, torch.float32)
     x = torch.randn(2, 3, 256, generator=rng)

@@ -1,11 +1,11 @@
-"""kernels.awq_configs: how each AWQ GEMM asks the tuner, and the first candidates
+"""llm_kernels.awq_configs: how each AWQ GEMM asks the tuner, and the first candidates
 (the interpreter's and the one used in a capture before a shape is tuned)."""
 import torch
 
-from kernels import awq_configs
-from kernels.awq import pack_awq_int4
-from kernels.awq_configs import CKPT, DENSE, KPACK, ckpt_configs, ckpt_gemm, kpack_configs, kpack_gemm
-from kernels.awq_kpack import kpack_from_awq
+from llm_kernels import awq_configs
+from llm_kernels.awq import pack_awq_int4
+from llm_kernels.awq_configs import CKPT, DENSE, KPACK, ckpt_configs, ckpt_gemm, kpack_configs, kpack_gemm
+from llm_kernels.awq_kpack import kpack_from_awq
 
 
 def test_both_gemms_check_their_candidates_and_kpack_times_with_the_l2_cold(rng, monkeypatch):

@@ -1,4 +1,4 @@
-"""The CPU's AWQ linear (kernels/awq_cpu.py): torch's int4 kernel on the AWQ weights for
+"""The CPU's AWQ linear (llm_kernels/awq_cpu.py): torch's int4 kernel on the AWQ weights for
 steps of up to INT4_MAX_ROWS rows in bfloat16 (the same weights as the dequantized ones,
 the zero term rounded once), the dense weight above; the layers and dtypes it cannot take
 (or runs slowly: float32, float16) keep the dense path."""
@@ -6,9 +6,9 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels import awq_cpu
-from kernels.awq import awq_dequantize, awq_gemm_reference, pack_awq_int4
-from kernels.dense import dense_linear
+from llm_kernels import awq_cpu
+from llm_kernels.awq import awq_dequantize, awq_gemm_reference, pack_awq_int4
+from llm_kernels.dense import dense_linear
 
 pytestmark = pytest.mark.skipif(not awq_cpu.int4_available(), reason="this torch has no CPU int4 kernel")
 

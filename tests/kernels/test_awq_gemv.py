@@ -1,16 +1,16 @@
-"""The CUDA-core AWQ GEMM for a few rows (kernels.awq_gemv) under the interpreter,
+"""The CUDA-core AWQ GEMM for a few rows (llm_kernels.awq_gemv) under the interpreter,
 against the checkpoint-format reference: every group size, 1-4 rows, split-K
 partials summed in a fixed order with the counters reset, stripes narrower than a
 tile, strided rows of x; more rows than it serves are refused by name. Its place
-among the tuner's candidates (kernels.awq_configs) is checked too."""
+among the tuner's candidates (llm_kernels.awq_configs) is checked too."""
 import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels import awq_gemv, awq_kpack
-from kernels.awq import awq_gemm_reference, pack_awq_int4
-from kernels.awq_configs import gemv_configs, kpack_configs
-from kernels.workspace import workspace
+from llm_kernels import awq_gemv, awq_kpack
+from llm_kernels.awq import awq_gemm_reference, pack_awq_int4
+from llm_kernels.awq_configs import gemv_configs, kpack_configs
+from llm_kernels.workspace import workspace
 
 
 def _layer(rng, K, N, G, stripe=None):
@@ -94,7 +94,7 @@ def test_candidates_only_where_it_serves(monkeypatch):
     """The tuner times gemv configs at M <= 4 only, on CUDA (132 SMs here) and under the
     interpreter, never first (the first candidate is the capture-time and interpreter answer);
     the float32 (exact) path keeps its one config."""
-    from kernels import awq_configs
+    from llm_kernels import awq_configs
 
     monkeypatch.setattr(awq_configs, "sm_count", lambda device: 132)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

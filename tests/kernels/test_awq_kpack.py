@@ -1,4 +1,4 @@
-"""The K-packed AWQ GEMM (kernels.awq_kpack) under the interpreter against the
+"""The K-packed AWQ GEMM (llm_kernels.awq_kpack) under the interpreter against the
 checkpoint-format reference: the repack is exact, every CPU candidate config
 and the split-K reduction agree, unwritten outputs show. bf16 dots are broken
 under the interpreter (the GPU tests run bf16 at real shapes)."""
@@ -6,10 +6,10 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels import awq_kpack
-from kernels.awq import awq_dequantize, awq_gemm_reference, awq_linear, awq_prepare, pack_awq_int4
-from kernels.awq_configs import kpack_config, kpack_configs
-from kernels.workspace import workspace
+from llm_kernels import awq_kpack
+from llm_kernels.awq import awq_dequantize, awq_gemm_reference, awq_linear, awq_prepare, pack_awq_int4
+from llm_kernels.awq_configs import kpack_config, kpack_configs
+from llm_kernels.workspace import workspace
 
 
 def _weights(rng, K, N, G, dtype):

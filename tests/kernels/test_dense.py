@@ -1,4 +1,4 @@
-"""kernels.dense_linear: the CPU's reduced-precision matmul at a bounded set of row
+"""llm_kernels.dense_linear: the CPU's reduced-precision matmul at a bounded set of row
 counts, with the real rows' values unchanged."""
 import os
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.dense import EXACT_ROWS, dense_linear, padded_rows
+from llm_kernels.dense import EXACT_ROWS, dense_linear, padded_rows
 
 
 def test_padded_rows_are_exact_when_small_and_few_an_octave():
@@ -39,7 +39,7 @@ def test_dense_linear_equals_f_linear_bitwise(dtype):
 
 MEMORY_SCRIPT = r"""
 import random, torch
-from kernels.dense import dense_linear
+from llm_kernels.dense import dense_linear
 def rss_mb():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):

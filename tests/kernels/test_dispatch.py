@@ -6,9 +6,9 @@ import pytest
 import torch
 import triton.language as tl
 
-import kernels.norm as norm
-from kernels import dispatch
-from kernels.dispatch import autotune, jit_helper, lazy_jit, use_triton
+import llm_kernels.norm as norm
+from llm_kernels import dispatch
+from llm_kernels.dispatch import autotune, jit_helper, lazy_jit, use_triton
 
 
 def test_cpu_tensors_use_triton_only_under_interpreter(monkeypatch):

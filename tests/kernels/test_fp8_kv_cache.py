@@ -1,17 +1,17 @@
-"""An FP8 KV cache (kernels/kv_cache.py, kernels/attention.py): K / k_scale and V / v_scale
+"""An FP8 KV cache (llm_kernels/kv_cache.py, llm_kernels/attention.py): K / k_scale and V / v_scale
 stored as e4m3 or e5m2, saturated, and read back times the scales. Triton (interpreted)
 against the references, and the references against attention over the dequantized cache."""
 import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.attention import (
+from llm_kernels.attention import (
     paged_decode_attention,
     paged_decode_attention_reference,
     paged_prefill_attention,
     paged_prefill_attention_reference,
 )
-from kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+from llm_kernels.kv_cache import write_kv_cache, write_kv_cache_reference
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 

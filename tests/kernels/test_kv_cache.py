@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+from llm_kernels.kv_cache import write_kv_cache, write_kv_cache_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

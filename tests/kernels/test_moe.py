@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.awq_format import awq_dequantize, pack_awq_int4
-from kernels.moe import (
+from llm_kernels.awq_format import awq_dequantize, pack_awq_int4
+from llm_kernels.moe import (
     AWQExperts,
     awq_experts_dequantize,
     fused_moe,

@@ -3,7 +3,7 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_reference
+from llm_kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from kernels.rotary import rotary_embedding, rotary_embedding_reference
+from llm_kernels.rotary import rotary_embedding, rotary_embedding_reference
 
 
 def _cache(max_pos, dim, base=10000.0):

@@ -3,9 +3,9 @@ small BLOCK so that the loop over the vocabulary runs several times."""
 import pytest
 import torch
 
-import kernels.sampling as sampling
-from kernels import logits_summary
-from kernels.sampling import logits_summary_reference
+import llm_kernels.sampling as sampling
+from llm_kernels import logits_summary
+from llm_kernels.sampling import logits_summary_reference
 
 INF, NAN = float("inf"), float("nan")
 

@@ -1,9 +1,9 @@
-"""Structured output's token masks (kernels.apply_token_bitmask): the Triton kernel
+"""Structured output's token masks (llm_kernels.apply_token_bitmask): the Triton kernel
 (interpreted) against the reference, and both against the bit layout spelled out."""
 import pytest
 import torch
 
-from kernels.token_mask import allowed_tokens, apply_token_bitmask, apply_token_bitmask_reference
+from llm_kernels.token_mask import allowed_tokens, apply_token_bitmask, apply_token_bitmask_reference
 
 
 def random_bitmask(rows: int, vocab: int, gen: torch.Generator, density: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:

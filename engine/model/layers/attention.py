@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-import kernels
+import llm_kernels
 
 
 @dataclass(slots=True)
@@ -85,14 +85,14 @@ class PagedAttention(nn.Module):
 
     def forward(self, q, k, v):
         ctx = get_forward_context()
-        kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale, self.v_scale)
+        llm_kernels.write_kv_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, self.k_scale, self.v_scale)
         opts = dict(sliding_window=self.sliding_window, softcap=self.softcap, k_scale=self.k_scale,
                     v_scale=self.v_scale)
         if ctx.is_decode:
-            return kernels.paged_decode_attention(
+            return llm_kernels.paged_decode_attention(
                 q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale, **opts,
             )
-        return kernels.paged_prefill_attention(
+        return llm_kernels.paged_prefill_attention(
             q, self.k_cache, self.v_cache, ctx.block_tables, ctx.query_start_loc, ctx.context_lens, self.scale,
             max_query_len=ctx.max_query_len or None, **opts,
         )

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import llm_kernels
 from engine.distributed import TPGroup
 
 
@@ -49,4 +49,4 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(x.masked_fill_(~inside.unsqueeze(-1), 0))
 
     def logits(self, hidden):
-        return self.tp.all_gather(kernels.dense_linear(hidden, self.weight))[..., : self.vocab_size]
+        return self.tp.all_gather(llm_kernels.dense_linear(hidden, self.weight))[..., : self.vocab_size]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
+import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.quant import LinearMethod, QuantMethod
 
@@ -36,7 +36,7 @@ class Dense(LinearMethod):
         param.data[off : off + size].copy_(tensor)
 
     def apply(self, layer, x, bias):
-        return kernels.dense_linear(x, layer.weight, bias)
+        return llm_kernels.dense_linear(x, layer.weight, bias)
 
 
 DENSE = Dense()

@@ -1,6 +1,6 @@
 """Mixture-of-experts layers: top-k expert selection from router logits, and
 FusedMoE, the E experts' weights of one layer (dense, or AWQ 4-bit) run by
-kernels.fused_moe / kernels.fused_moe_awq.
+llm_kernels.fused_moe / llm_kernels.fused_moe_awq.
 
 FusedMoE is loadable by engine.model.loader (load / expected / loaded /
 finalize). Shards: (e, 0) gate, (e, 1) up, (e, 2) down of expert e, tensor
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
+import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.errors import UnsupportedModelError
 from engine.quant import QuantMethod
@@ -38,7 +38,7 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):
 class FusedMoE(nn.Module):
     """E experts of hidden size H and intermediate size I. Dense: parameters
     w13_weight [E, 2I, H] (gate rows, then up) and w2_weight [E, H, I] in the model's
-    dtype. AWQ (quant covers `prefix`): buffers in kernels.AWQExperts' layout,
+    dtype. AWQ (quant covers `prefix`): buffers in llm_kernels.AWQExperts' layout,
     w13_{qweight,qzeros,scales} ([E, H, 2I/8], [E, H/G, 2I/8], [E, H/G, 2I]) and
     w2_* ([E, I, H/8], [E, I/G, H/8], [E, I/G, H]); each expert's checkpoint tensors
     are copied into their slice as they are. On the CPU outside the interpreter the
@@ -127,26 +127,26 @@ class FusedMoE(nn.Module):
         param.data.copy_(tensor)
         self.loaded.update(((e, j), name) for e in range(E) for j in shards)
 
-    def awq_experts(self) -> tuple[kernels.AWQExperts, kernels.AWQExperts]:
-        """(w13, w2) as kernels.AWQExperts."""
+    def awq_experts(self) -> tuple[llm_kernels.AWQExperts, llm_kernels.AWQExperts]:
+        """(w13, w2) as llm_kernels.AWQExperts."""
         G = self.group_size
-        return (kernels.AWQExperts(self.w13_qweight, self.w13_qzeros, self.w13_scales, G),
-                kernels.AWQExperts(self.w2_qweight, self.w2_qzeros, self.w2_scales, G))
+        return (llm_kernels.AWQExperts(self.w13_qweight, self.w13_qzeros, self.w13_scales, G),
+                llm_kernels.AWQExperts(self.w2_qweight, self.w2_qzeros, self.w2_scales, G))
 
     def finalize(self) -> None:
         """After loading (or dummy filling): AWQ on the CPU outside the interpreter is
         dequantized once (no int4 matmul there); the GPU reads the stacked layout as loaded."""
-        if self.quant is None or kernels.use_triton(self.w13_qweight):
+        if self.quant is None or llm_kernels.use_triton(self.w13_qweight):
             return
         dtype = self.w13_scales.dtype
         w13, w2 = self.awq_experts()
-        self.dense = (kernels.awq_experts_dequantize(w13, torch.float32).to(dtype),
-                      kernels.awq_experts_dequantize(w2, torch.float32).to(dtype))
+        self.dense = (llm_kernels.awq_experts_dequantize(w13, torch.float32).to(dtype),
+                      llm_kernels.awq_experts_dequantize(w2, torch.float32).to(dtype))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, H] through each token's k experts, weighted: [T, H]."""
         if self.quant is None:
-            return kernels.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+            return llm_kernels.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
         if self.dense is not None:
-            return kernels.fused_moe(x, *self.dense, topk_weights, topk_ids)
-        return kernels.fused_moe_awq(x, *self.awq_experts(), topk_weights, topk_ids)
+            return llm_kernels.fused_moe(x, *self.dense, topk_weights, topk_ids)
+        return llm_kernels.fused_moe_awq(x, *self.awq_experts(), topk_weights, topk_ids)

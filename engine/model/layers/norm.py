@@ -1,11 +1,11 @@
-"""RMSNorm over kernels.rms_norm, fused with the residual add after the first layer;
+"""RMSNorm over llm_kernels.rms_norm, fused with the residual add after the first layer;
 Gemma's variant scales by (1 + weight), folded into the weight when it is loaded."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-import kernels
+import llm_kernels
 
 
 class RMSNorm(nn.Module):
@@ -17,12 +17,12 @@ class RMSNorm(nn.Module):
     def forward(self, x, residual=None):
         """(normed x, the residual for the next norm: x itself, or x + residual)."""
         if residual is None:
-            return kernels.rms_norm(x, self.weight, self.eps), x.clone()
-        return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return llm_kernels.rms_norm(x, self.weight, self.eps), x.clone()
+        return llm_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
     def plain(self, x):
         """The norm of x over its last dim (no residual): per-head q/k norms, Gemma's post norms."""
-        return kernels.rms_norm(x, self.weight, self.eps)
+        return llm_kernels.rms_norm(x, self.weight, self.eps)
 
 
 class GemmaRMSNorm(RMSNorm):

@@ -1,4 +1,4 @@
-"""Rotary position embeddings: the cos/sin cache that kernels.rotary_embedding reads,
+"""Rotary position embeddings: the cos/sin cache that llm_kernels.rotary_embedding reads,
 for rope types default, linear, llama3, yarn and longrope, over all of head_dim or
 only its first rotary_dim dims (transformers' partial_rotary_factor).
 

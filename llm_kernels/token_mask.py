@@ -6,7 +6,7 @@ the reference unpacks the bits with torch ops (the CPU path)."""
 import torch
 import triton.language as tl
 
-from kernels.dispatch import lazy_jit, use_triton
+from llm_kernels.dispatch import lazy_jit, use_triton
 
 BLOCK = 1024
 

@@ -1,4 +1,4 @@
-"""The CPU path of paged attention: the results of kernels/attention_reference.py (the
+"""The CPU path of paged attention: the results of llm_kernels/attention_reference.py (the
 oracle) in a few large operations instead of many small ones.
 
 Keys and values are gathered a whole block at a time (one index_select per cache), converted
@@ -13,7 +13,7 @@ against the reference's 1.0-1.3 ms (benchmarks/NOTES.md, session 15).
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
+from llm_kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an integer dtype per element size
 
@@ -38,7 +38,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
 
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale, *, sliding_window=None,
                                softcap=None, k_scale=1.0, v_scale=1.0):
-    """kernels.attention.paged_decode_attention on CPU tensors (arguments as there)."""
+    """llm_kernels.attention.paged_decode_attention on CPU tensors (arguments as there)."""
     batch, hq, d = q.shape
     if softcap is not None or batch == 0:
         return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
@@ -62,7 +62,7 @@ def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, 
 
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, *,
                                 sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
-    """kernels.attention.paged_prefill_attention on CPU tensors: one sequence at a time, from the
+    """llm_kernels.attention.paged_prefill_attention on CPU tensors: one sequence at a time, from the
     block of the first key its first query sees to the end of its context."""
     if softcap is not None:
         return paged_prefill_attention_reference(q, k_cache, v_cache, block_tables, query_start_loc, context_lens,

@@ -11,7 +11,7 @@ of SmolLM2-135M's 120 linears, cold in cache on this 2-core machine, took 4.9-5.
 26.6 ms dense at 1 row and 15.9 against 28.4 ms at 8 (benchmarks/NOTES.md, session 15). Its
 work grows with the rows (3x the dense matmul's at 128 rows, hot), so steps above
 INT4_MAX_ROWS rows (prefills, wide batches) take the dense weight. The kernel keeps no
-per-shape state (unlike oneDNN's bf16 matmul, kernels/dense.py).
+per-shape state (unlike oneDNN's bf16 matmul, llm_kernels/dense.py).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.awq_format import awq_dequantize, unpack_awq_int4
-from kernels.dense import dense_linear
+from llm_kernels.awq_format import awq_dequantize, unpack_awq_int4
+from llm_kernels.dense import dense_linear
 
 INT4_MAX_ROWS = 16  # above: the dense matmul (the int4 kernel's crossover, hot in cache: 16-24 rows)
 INT4_GROUPS = (32, 64, 128, 256)

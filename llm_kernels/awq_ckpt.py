@@ -1,5 +1,5 @@
-"""Triton kernels for AWQ W4A16 on the checkpoint's own layout (kernels.awq_format
-describes it), and their launchers; kernels.awq_configs picks the config per shape.
+"""Triton kernels for AWQ W4A16 on the checkpoint's own layout (llm_kernels.awq_format
+describes it), and their launchers; llm_kernels.awq_configs picks the config per shape.
 
 `_awq_gemm_kernel`, one for every M: a program owns a BLOCK_M x (8 * BLOCK_W)
 output tile and walks K in blocks of BK rows (BK divides G). Per block it
@@ -17,7 +17,7 @@ same magic number in plain Triton (DEQ 1), float32 exact float planes (DEQ 0).
 
 Small M (decode) splits K over the grid's second axis and reduces the split
 partials in the same launch: each program writes its fp32 partial to the
-workspace of kernels.workspace, counts itself in with an atomic, and the last
+workspace of llm_kernels.workspace, counts itself in with an atomic, and the last
 program of a tile sums the partials in a fixed order and writes the output
 (deterministic, one launch, no zero-fill, no cast kernel). For large M the
 weight is dequantized (Triton) and multiplied by torch.matmul (cuBLAS).
@@ -27,8 +27,8 @@ weight is dequantized (Triton) and multiplied by torch.matmul (cuBLAS).
 import torch
 import triton.language as tl
 
-from kernels.dispatch import jit_helper, lazy_jit, sm_count
-from kernels.workspace import WS_FLOATS, WS_TILES, workspace
+from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
+from llm_kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
 # ----------------------------------------------------------------------------
 # kernels
@@ -427,7 +427,7 @@ def _launch_wide(x, qweight, qzeros, scales, G, cfg):
 
 
 def launch(x, qweight, qzeros, scales, group_size: int, cfg: dict) -> torch.Tensor:
-    """x [M, K] @ dequant(qweight) with one config of kernels.awq_configs."""
+    """x [M, K] @ dequant(qweight) with one config of llm_kernels.awq_configs."""
     if cfg["kind"] == "wide":
         return _launch_wide(x, qweight, qzeros, scales, group_size, cfg)
     if cfg["kind"] == "dense":

@@ -1,4 +1,4 @@
-"""PyTorch references of the paged attention ops (kernels/attention.py): the
+"""PyTorch references of the paged attention ops (llm_kernels/attention.py): the
 CPU path and the tests' oracle. Softmax in float32, GQA by grouping query heads.
 
 Sliding window W (Hugging Face's): a query at position i sees keys j with

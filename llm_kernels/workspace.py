@@ -1,5 +1,5 @@
 """The split-K workspace of the AWQ GEMM kernels: float32 partials and per-tile
-arrival counters, one pair per device, shared by kernels.awq_ckpt and kernels.awq_kpack."""
+arrival counters, one pair per device, shared by llm_kernels.awq_ckpt and llm_kernels.awq_kpack."""
 import torch
 
 WS_FLOATS = 8 << 20  # 32 MB of float32 partials per device, allocated once, never freed

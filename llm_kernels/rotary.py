@@ -8,7 +8,7 @@ program per token; dims past rotary_dim are left as they are.
 import torch
 import triton.language as tl
 
-from kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
+from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

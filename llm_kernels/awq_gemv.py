@@ -1,6 +1,6 @@
 """AWQ W4A16 for a few rows (M <= 4) on the kpack layout, on the CUDA cores ("gemv").
 
-At M = 1 the tensor-core kernel (kernels.awq_kpack) computes 16 rows to keep 1 and holds
+At M = 1 the tensor-core kernel (llm_kernels.awq_kpack) computes 16 rows to keep 1 and holds
 its tiles in MMA fragments and shared memory; this one holds a few registers a weight
 column, so many small programs stay resident to keep DRAM busy. Each program owns
 BLOCK_N columns and a run of the 128-row blocks of K (split-K). A nibble q becomes a
@@ -8,16 +8,16 @@ float by bits: q | 0x4B000000 read as float32 is 2^23 + q, and one subtract of 2
 gives q - z exactly (one LOP3, one FADD), then float32 FMAs with x. The products of a
 quantization group are summed per (row, column) slot and reduced over the rows once a
 group, times the group's scale. Split-K partials go to the shared workspace
-(kernels.workspace); the last split of a column tile to arrive (an atomic counter) sums
+(llm_kernels.workspace); the last split of a column tile to arrive (an atomic counter) sums
 them in split order, so results do not depend on timing.
 """
 import torch
 import triton.language as tl
 
-from kernels.dispatch import lazy_jit, sm_count
-from kernels.workspace import WS_FLOATS, WS_TILES, workspace
+from llm_kernels.dispatch import lazy_jit, sm_count
+from llm_kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
-ROWS = 128  # rows of K per packed block (kernels.awq_kpack.ROWS)
+ROWS = 128  # rows of K per packed block (llm_kernels.awq_kpack.ROWS)
 MAX_M = 4  # rows served: each row adds an FMA a weight, past 4 the tensor cores win
 
 

@@ -1,10 +1,10 @@
 """AWQ W4A16: the public calls on AutoAWQ's "GEMM" checkpoint format
-(kernels.awq_format describes it).
+(llm_kernels.awq_format describes it).
 
 `awq_gemm` multiplies on the checkpoint layout as it is (the Triton kernels of
-kernels.awq_ckpt on CUDA and under the interpreter; the reference otherwise).
+llm_kernels.awq_ckpt on CUDA and under the interpreter; the reference otherwise).
 `awq_prepare` / `awq_linear` are the engine-facing API: on CUDA the weight is
-repacked once into the K-packed layout of kernels.awq_kpack, the engine's
+repacked once into the K-packed layout of llm_kernels.awq_kpack, the engine's
 decode path.
 """
 from dataclasses import dataclass
@@ -12,11 +12,11 @@ from typing import Optional
 
 import torch
 
-from kernels.awq_configs import ckpt_gemm, kpack_gemm
-from kernels.awq_format import awq_dequantize, awq_gemm_reference, check_awq_shapes, pack_awq_int4, unpack_awq_int4
-from kernels.awq_kpack import ROWS, kpack_dequantize_reference, kpack_from_awq
-from kernels.dispatch import use_triton
-from kernels.workspace import workspace
+from llm_kernels.awq_configs import ckpt_gemm, kpack_gemm
+from llm_kernels.awq_format import awq_dequantize, awq_gemm_reference, check_awq_shapes, pack_awq_int4, unpack_awq_int4
+from llm_kernels.awq_kpack import ROWS, kpack_dequantize_reference, kpack_from_awq
+from llm_kernels.dispatch import use_triton
+from llm_kernels.workspace import workspace
 
 # the format's helpers are found here too, beside the calls that use them
 __all__ = ["AWQPrepared", "awq_dequantize", "awq_gemm", "awq_gemm_reference", "awq_linear", "awq_prepare",
@@ -37,10 +37,10 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 @dataclass
 class AWQPrepared:
     """One AWQ linear ready for awq_linear. On CUDA the weight is repacked once
-    into the K-packed layout of kernels.awq_kpack (`qk` int16 [N/S, K/4, S] in
+    into the K-packed layout of llm_kernels.awq_kpack (`qk` int16 [N/S, K/4, S] in
     stripes of S columns and `zeros_k` int16 [K/G, N]; the checkpoint's qweight/qzeros are then
     dropped); otherwise the checkpoint tensors (contiguous) for the kernels of
-    kernels.awq_ckpt."""
+    llm_kernels.awq_ckpt."""
 
     qweight: Optional[torch.Tensor]
     qzeros: Optional[torch.Tensor]

@@ -3,7 +3,7 @@ One Triton program per row; the reference is the CPU path and test oracle."""
 import torch
 import triton.language as tl
 
-from kernels.dispatch import lazy_jit, next_pow2, use_triton
+from llm_kernels.dispatch import lazy_jit, next_pow2, use_triton
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

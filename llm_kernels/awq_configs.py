@@ -1,12 +1,12 @@
-"""Candidate configs of the two AWQ GEMM kernels (kernels.awq_ckpt on the
-checkpoint layout, kernels.awq_kpack on the K-packed one), and their GEMMs
-with the config tuned once per shape on CUDA (kernels.dispatch.autotune)."""
+"""Candidate configs of the two AWQ GEMM kernels (llm_kernels.awq_ckpt on the
+checkpoint layout, llm_kernels.awq_kpack on the K-packed one), and their GEMMs
+with the config tuned once per shape on CUDA (llm_kernels.dispatch.autotune)."""
 import torch
 
-from kernels import awq_ckpt, awq_kpack
-from kernels.awq_gemv import MAX_M as GEMV_MAX_M
-from kernels.awq_gemv import gemv_config
-from kernels.dispatch import autotune, chosen, next_pow2, sm_count
+from llm_kernels import awq_ckpt, awq_kpack
+from llm_kernels.awq_gemv import MAX_M as GEMV_MAX_M
+from llm_kernels.awq_gemv import gemv_config
+from llm_kernels.dispatch import autotune, chosen, next_pow2, sm_count
 
 CKPT, KPACK = "awq_ckpt", "awq_kpack"  # the tuner's names of the two kernels
 DENSE = {"kind": "dense"}  # dequantize, then torch.matmul (cuBLAS)
@@ -23,7 +23,7 @@ def chosen_config(kernel: str, M: int, N: int, K: int, group_size: int, dtype):
 
 
 # ----------------------------------------------------------------------------
-# the checkpoint layout (kernels.awq_ckpt)
+# the checkpoint layout (llm_kernels.awq_ckpt)
 
 
 def ckpt_config(bm, bw, deq, warps=4, waves=None, split=None, bk=128, stages=1, pf=False, maxnreg=None, pfx=False):
@@ -109,7 +109,7 @@ def ckpt_gemm(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------
-# the K-packed layout (kernels.awq_kpack)
+# the K-packed layout (llm_kernels.awq_kpack)
 
 
 def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, fold=False):
@@ -129,7 +129,7 @@ def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=Fals
 
 
 def gemv_configs(M: int) -> list:
-    """CUDA-core candidates (kernels.awq_gemv) for M <= 4: tiles and warps whose sm_90 SASS
+    """CUDA-core candidates (llm_kernels.awq_gemv) for M <= 4: tiles and warps whose sm_90 SASS
     holds no spills (benchmarks/kernel_sass.py --m 1 2 4), waves = the programs resident per SM
     there (1 row: BN 32 on 1 warp at 128 registers, 16 an SM; 4 warps at 96, 5 an SM)."""
     if M <= 1:

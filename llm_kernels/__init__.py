@@ -4,12 +4,12 @@ Each op has a plain PyTorch reference (the CPU path and the test oracle);
 Triton kernels take over on CUDA tensors (and on CPU tensors under
 TRITON_INTERPRET=1). Importing this package never touches CUDA.
 """
-from kernels.dispatch import use_triton
-from kernels.activation import gelu_tanh_and_mul, silu_and_mul
-from kernels.dense import dense_linear
-from kernels.attention import paged_decode_attention, paged_prefill_attention
-from kernels.awq_cpu import awq_cpu_linear, awq_cpu_prepare, awq_int4_pack
-from kernels.awq import (
+from llm_kernels.dispatch import use_triton
+from llm_kernels.activation import gelu_tanh_and_mul, silu_and_mul
+from llm_kernels.dense import dense_linear
+from llm_kernels.attention import paged_decode_attention, paged_prefill_attention
+from llm_kernels.awq_cpu import awq_cpu_linear, awq_cpu_prepare, awq_int4_pack
+from llm_kernels.awq import (
     AWQPrepared,
     awq_dequantize,
     awq_gemm,
@@ -18,12 +18,12 @@ from kernels.awq import (
     pack_awq_int4,
     unpack_awq_int4,
 )
-from kernels.kv_cache import FP8_DTYPES, write_kv_cache
-from kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
-from kernels.norm import fused_add_rms_norm, rms_norm
-from kernels.rotary import rotary_embedding
-from kernels.sampling import logits_summary
-from kernels.token_mask import apply_token_bitmask
+from llm_kernels.kv_cache import FP8_DTYPES, write_kv_cache
+from llm_kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
+from llm_kernels.norm import fused_add_rms_norm, rms_norm
+from llm_kernels.rotary import rotary_embedding
+from llm_kernels.sampling import logits_summary
+from llm_kernels.token_mask import apply_token_bitmask
 
 __all__ = [
     "FP8_DTYPES",

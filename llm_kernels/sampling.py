@@ -5,7 +5,7 @@ One Triton program per row; the reference is the CPU path and test oracle."""
 import torch
 import triton.language as tl
 
-from kernels.dispatch import jit_helper, lazy_jit, use_triton
+from llm_kernels.dispatch import jit_helper, lazy_jit, use_triton
 
 BLOCK = 4096  # vocabulary elements per loop step (a ~152k vocabulary takes ~38)
 WARPS = 8

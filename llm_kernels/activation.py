@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 import triton.language as tl
 
-from kernels.dispatch import lazy_jit, next_pow2, use_triton
+from llm_kernels.dispatch import lazy_jit, next_pow2, use_triton
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)

@@ -1,5 +1,5 @@
 """compressed-tensors' "pack-quantized" format (llm-compressor's W4A16 / W8A16):
-packing, dequantizing, and the view of it that kernels.gptq_format.int4_to_awq repacks.
+packing, dequantizing, and the view of it that llm_kernels.gptq_format.int4_to_awq repacks.
 
 weight_packed int32 [N, K*bits/32] packs input features along K, value k at bits
 `bits*(k % (32/bits))`, each stored as q + 2^(bits-1) (unsigned); weight_scale
@@ -10,7 +10,7 @@ q and zp; with both offset by 2^(bits-1) this is AWQ's (u - z) * s.
 """
 import torch
 
-from kernels.gptq_format import pack_rows, unpack_rows
+from llm_kernels.gptq_format import pack_rows, unpack_rows
 
 
 def ct_unpack(weight_packed, bits: int, in_features: int) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """AWQ W4A16 GEMM on a K-packed layout made once at load time ("kpack"): the
-repack, its reference, the Triton kernel and its launcher (kernels.awq_configs
+repack, its reference, the Triton kernel and its launcher (llm_kernels.awq_configs
 picks the config per shape).
 
 AutoAWQ packs 8 columns into a word, so a weight tile's 8 nibble planes are
-8 column sets and need 8 accumulators (kernels.awq_ckpt). Here 16-bit words
+8 column sets and need 8 accumulators (llm_kernels.awq_ckpt). Here 16-bit words
 pack 4 rows instead. A block of 128 rows starting at k0 is 32 rows of
 half-words: row 16 h + r (h = 0, 1; r = 0..15) holds in nibble j the weight
 of row k0 + 16 (4 h + j) + r, column n. Nibble j of the [16, BLOCK_N] tile of
@@ -50,10 +50,10 @@ from typing import Optional
 import torch
 import triton.language as tl
 
-from kernels import awq_gemv
-from kernels.awq_format import unpack_awq_int4
-from kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
-from kernels.workspace import WS_FLOATS, WS_TILES, workspace
+from llm_kernels import awq_gemv
+from llm_kernels.awq_format import unpack_awq_int4
+from llm_kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
+from llm_kernels.workspace import WS_FLOATS, WS_TILES, workspace
 
 ROWS = 128  # rows of K per packed block: 8 planes of 16
 STRIPE = 64  # columns a stripe of qk: a block of one stripe is 4 KB contiguous
@@ -390,8 +390,8 @@ def program_count(cfg, tiles, nblk, x, N) -> int:
 
 
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, asm=None) -> torch.Tensor:
-    """x [M, K] @ W with one config of kernels.awq_configs (into out when given; a "gemv" config
-    runs kernels.awq_gemv); asm: other PTX
+    """x [M, K] @ W with one config of llm_kernels.awq_configs (into out when given; a "gemv" config
+    runs llm_kernels.awq_gemv); asm: other PTX
     for the four nibble planes (benchmarks/kpack_ablate.py times the loop without the dequant)."""
     M, K = x.shape
     N = scales.shape[1]

@@ -1,7 +1,7 @@
-"""The grouped GEMM of the fused MoE (kernels.moe): one launch multiplies every
+"""The grouped GEMM of the fused MoE (llm_kernels.moe): one launch multiplies every
 expert's rows by that expert's weight, dense or AWQ int4.
 
-The rows come from kernels.moe.moe_align: `sorted_ids` lists the flat
+The rows come from llm_kernels.moe.moe_align: `sorted_ids` lists the flat
 (token * top_k + slot) indices grouped by expert, each expert's run padded
 to a multiple of BLOCK_M with the sentinel T * top_k; `block_expert[b]` is
 the expert of rows [b BLOCK_M, (b + 1) BLOCK_M); `total` (on the device) is
@@ -16,7 +16,7 @@ A program owns one M block (one expert) and one BLOCK_N block of outputs:
   - MUL_W: the rows' routing weights scale the result (the second projection);
   - the output row is the flat index: out [T * top_k, N], summed over the
     slots by the caller.
-QUANT: B is AWQ (kernels.moe.AWQExperts: the AutoAWQ GEMM layout stacked per
+QUANT: B is AWQ (llm_kernels.moe.AWQExperts: the AutoAWQ GEMM layout stacked per
 expert, qweight [E, K, N/8] packed 8 along N), widened in the K loop to
 q - z (exact small integers in A's dtype); BLOCK_K divides the group size,
 so a K step is one group and its scale multiplies the dot afterwards.
@@ -24,7 +24,7 @@ so a K step is one group and its scale multiplies the dot afterwards.
 import torch
 import triton.language as tl
 
-from kernels.dispatch import jit_helper, lazy_jit
+from llm_kernels.dispatch import jit_helper, lazy_jit
 
 
 @jit_helper
@@ -126,8 +126,8 @@ def _moe_gemm_kernel(
 
 def launch(a, weights, out, align, topk_weights, cfg: dict, *, a_div: int, gated: bool, mul_w: bool):
     """One grouped GEMM into out [T * top_k, N]: weights a dense [E, N_all, K] tensor or a
-    kernels.moe.AWQExperts (qweight [E, K, N_all/8]); N_all = 2 N when gated.
-    align = (sorted_ids, block_expert, total) of kernels.moe.moe_align for cfg["BM"]; row id of
+    llm_kernels.moe.AWQExperts (qweight [E, K, N_all/8]); N_all = 2 N when gated.
+    align = (sorted_ids, block_expert, total) of llm_kernels.moe.moe_align for cfg["BM"]; row id of
     out reads row id // a_div of a (a_div top_k: a holds the tokens)."""
     sorted_ids, block_expert, total = align
     N = out.shape[1]

@@ -7,7 +7,7 @@ saturated to the format's largest finite value; readers multiply the scales back
 import torch
 import triton.language as tl
 
-from kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
+from llm_kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
 
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -10,7 +10,7 @@ it (desc_act) the groups are scattered over K.
 """
 import torch
 
-from kernels.awq_format import pack_awq_int4
+from llm_kernels.awq_format import pack_awq_int4
 
 
 def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ dim (see AWQExperts). The reference loops over the experts that have tokens
 interpreter) sorts the (token, slot) pairs by expert and pads each expert's
 run to the GEMM's BLOCK_M with torch ops on the device (moe_align: static
 sizes, no host synchronisation, so it can be captured in a CUDA graph), then
-runs two grouped GEMMs of kernels.moe_gemm, one launch each: w13 with the
+runs two grouped GEMMs of llm_kernels.moe_gemm, one launch each: w13 with the
 gather of token rows and silu(gate) * up fused in, then w2 with the routing
 weight multiplied in, one row per (token, slot); the slots are summed last.
 """
@@ -19,9 +19,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels import moe_gemm
-from kernels.awq_format import awq_dequantize, check_awq_shapes
-from kernels.dispatch import autotune, next_pow2, use_triton
+from llm_kernels import moe_gemm
+from llm_kernels.awq_format import awq_dequantize, check_awq_shapes
+from llm_kernels.dispatch import autotune, next_pow2, use_triton
 
 
 class AWQExperts(NamedTuple):
@@ -84,7 +84,7 @@ def fused_moe_reference(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
 
 
 def fused_moe_awq_reference(x, w13: AWQExperts, w2: AWQExperts, topk_weights, topk_ids) -> torch.Tensor:
-    """PyTorch fused_moe on AWQ experts: each used expert dequantized (kernels.awq_dequantize)."""
+    """PyTorch fused_moe on AWQ experts: each used expert dequantized (llm_kernels.awq_dequantize)."""
     def expert(e):
         a = awq_dequantize(w13.qweight[e], w13.qzeros[e], w13.scales[e], w13.group_size, torch.float32)
         b = awq_dequantize(w2.qweight[e], w2.qzeros[e], w2.scales[e], w2.group_size, torch.float32)
@@ -213,7 +213,7 @@ def _fused(x, w13, w2, topk_weights, topk_ids, E: int, inter: int, config: dict 
 def fused_moe(x, w13, w2, topk_weights, topk_ids, config: dict | None = None) -> torch.Tensor:
     """x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k] (float32),
     topk_ids [T, k] -> [T, H] in x's dtype. config (tests, benchmarks): one
-    kernels.moe_gemm config for both GEMMs instead of the tuned ones."""
+    llm_kernels.moe_gemm config for both GEMMs instead of the tuned ones."""
     E, inter = _check(x, w13.shape, w2.shape, topk_weights, topk_ids)
     if not (use_triton(x, w13, w2) and x.shape[0]):
         return fused_moe_reference(x, w13, w2, topk_weights, topk_ids)

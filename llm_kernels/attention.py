@@ -13,19 +13,19 @@ all query heads of the group together, then a reduction over splits) and a
 flash-style causal prefill over flattened q-blocks (T // BLOCK_M + B programs
 per query head, a grid of shapes only: no host sync, capturable in a CUDA
 graph; see _prefill_kernel); the PyTorch references (the oracle) live in
-kernels/attention_reference.py, the CPU path in kernels/attention_cpu.py.
+llm_kernels/attention_reference.py, the CPU path in llm_kernels/attention_cpu.py.
 Window and soft-capping are constexpr flags of the kernels: without them the
 kernels compile to the code they had before.
-An FP8 cache (kernels/kv_cache.py) is read as K * k_scale, V * v_scale: keys and
+An FP8 cache (llm_kernels/kv_cache.py) is read as K * k_scale, V * v_scale: keys and
 values are converted to the query's dtype as they load, k_scale folds into the
 scores' scale and v_scale into the output.
 """
 import torch
 import triton.language as tl
 
-from kernels.attention_cpu import paged_decode_attention_cpu, paged_prefill_attention_cpu
-from kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
-from kernels.dispatch import autotune, jit_helper, lazy_jit, next_pow2, sm_count, use_triton
+from llm_kernels.attention_cpu import paged_decode_attention_cpu, paged_prefill_attention_cpu
+from llm_kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
+from llm_kernels.dispatch import autotune, jit_helper, lazy_jit, next_pow2, sm_count, use_triton
 
 __all__ = [
     "DECODE_CONFIGS",
