@@ -18,8 +18,8 @@ benchmarks/NOTES.md.
 import argparse
 import csv
 import io
-import re
 import os
+import re
 import subprocess
 import sys
 

@@ -1,6 +1,8 @@
 """Summarize test fixtures: the worker's settings for the tiny model in a fresh folder."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.handler.summarize.notes import ENV
@@ -17,3 +19,13 @@ def local_env(monkeypatch, tiny_llama_dir, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture
+def terminal_sigint():
+    """Ctrl-C as a terminal delivers it: SIGINT raises KeyboardInterrupt (asyncio.run then cancels
+    its main task). A suite started in the background by a shell without job control inherits
+    SIGINT ignored, and a Ctrl-C test would then see nothing (and one waits for its timeout)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

@@ -87,7 +87,8 @@ def test_a_rerun_skips_finished_documents_and_redoes_changed_ones(local_env, job
     assert third["notes/회의록.txt"] == first["notes/회의록.txt"]
 
 
-def test_an_interrupted_run_loses_nothing_finished_and_resumes(local_env, monkeypatch, jobs_run, capsys):
+def test_an_interrupted_run_loses_nothing_finished_and_resumes(local_env, monkeypatch, jobs_run, capsys,
+                                                              terminal_sigint):
     folder = local_env / "many"
     folder.mkdir()
     rng = random.Random(7)

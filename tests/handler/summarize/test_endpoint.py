@@ -116,7 +116,7 @@ def test_when_retries_run_out_the_error_reaches_the_jsonl(endpoint_env, rest_api
     assert rerun["notes/standup.md"] == lines["notes/standup.md"]
 
 
-def test_ctrl_c_cancels_the_jobs_in_flight_and_a_rerun_finishes(endpoint_env, rest_api, capsys):
+def test_ctrl_c_cancels_the_jobs_in_flight_and_a_rerun_finishes(endpoint_env, rest_api, capsys, terminal_sigint):
     make_notes(endpoint_env)
     before = set(rest_api.statuses())
     rest_api.held = True  # no worker free: the jobs wait IN_QUEUE
