@@ -1,8 +1,11 @@
 """Paged attention and its per-step metadata: the forward context, set once per
-step by the runner and read by every attention layer."""
+step by the runner and read by every attention layer of that step. It is per
+thread: two engines stepping at once in one process (each steps on a thread of
+its own) must not read, or clear, each other's slot mapping."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -21,22 +24,23 @@ class ForwardContext:
     max_query_len: int = 0  # most new tokens of one sequence (host value: no sync to find it)
 
 
-_CONTEXT: ForwardContext | None = None
+_LOCAL = threading.local()  # .ctx: this thread's ForwardContext
 
 
 @contextlib.contextmanager
 def forward_context(ctx: ForwardContext):
-    global _CONTEXT
-    prev, _CONTEXT = _CONTEXT, ctx
+    prev = getattr(_LOCAL, "ctx", None)
+    _LOCAL.ctx = ctx
     try:
         yield ctx
     finally:
-        _CONTEXT = prev
+        _LOCAL.ctx = prev
 
 
 def get_forward_context() -> ForwardContext:
-    assert _CONTEXT is not None, "model called outside a forward context"
-    return _CONTEXT
+    ctx = getattr(_LOCAL, "ctx", None)
+    assert ctx is not None, "model called outside a forward context"
+    return ctx
 
 
 class PagedAttention(nn.Module):
