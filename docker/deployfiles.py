@@ -300,6 +300,13 @@ IMAGE_ENV = (
     {"key": "HF_HOME", "input": {
         "name": "HF home", "type": "string", "advanced": True,
         "description": "Hugging Face cache folder. Unset: BASE_PATH/huggingface-cache."}},
+    {"key": "LLM_KERNELS_CACHE_DIR", "input": {
+        "name": "Kernel tuning cache", "type": "string", "advanced": True,
+        "description": "Folder of the kernels' tuned configs, kept for the next worker on the same GPU model "
+                       "(empty: off). Unset: BASE_PATH/llm-kernels-cache, else ~/.cache/llm_kernels."}},
+    {"key": "TRITON_CACHE_DIR", "input": {
+        "name": "Triton cache", "type": "string", "advanced": True,
+        "description": "Folder of Triton's compiled kernels. Unset: BASE_PATH/triton-cache, else ~/.triton/cache."}},
     {"key": "XDG_CACHE_HOME", "input": {
         "name": "XDG cache home", "type": "string", "advanced": True,
         "description": "Second place the default model is looked for and prepared (after BASE_PATH). Unset: "

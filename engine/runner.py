@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import llm_kernels
+from llm_kernels import tune_cache
 from engine.model.layers import ForwardContext, PagedAttention, forward_context
 from engine.sequence import Sequence
 
@@ -78,11 +79,19 @@ class ModelRunner:
         self.host = HostBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, pin=cuda)
         self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured (capture_graphs)
         self.mixed = None  # engine.mixed_graphs.MixedGraphs once captured
+        if cuda:  # the kernels' tuned configs from earlier processes, and ours kept for later ones
+            tune_cache.activate(tune_cache.default_dir(), self.device)
 
     def capture_graphs(self, max_batch: int, max_mixed_tokens: int = 0) -> None:
         """CUDA graphs of decode steps of 1..max_batch sequences and, when max_mixed_tokens,
         of other steps of up to that many tokens (after the KV cache is allocated). Mixed
         graphs that cannot be captured (out of memory) are left out: those steps run eagerly."""
+        try:
+            self._capture(max_batch, max_mixed_tokens)
+        finally:
+            tune_cache.save()  # what the warm-ups before the captures tuned, for later processes
+
+    def _capture(self, max_batch: int, max_mixed_tokens: int) -> None:
         from engine.cuda_graph import DecodeGraphs
         from engine.mixed_graphs import MixedGraphs
 

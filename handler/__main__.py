@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     from handler.logs import configure_logging
-    from handler.settings import SettingsError, describe, load_settings, settings_markdown
+    from handler.settings import SettingsError, apply_base_path, describe, load_settings, settings_markdown
 
     if args.print_settings:
         sys.stdout.write(settings_markdown())
@@ -45,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         log.error("invalid setting: %s", exc)
         return 2
-    if settings.base_path and not os.environ.get("HF_HOME"):
-        os.environ["HF_HOME"] = os.path.join(settings.base_path, "huggingface-cache")
+    apply_base_path(settings)  # HF_HOME, the kernels' tuning and Triton's caches under BASE_PATH
     log.info("settings %s", describe(settings))
     from handler.compat.worker_vllm_env import start_notes
     from handler.settings import SETTINGS_BY_NAME

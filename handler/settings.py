@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,8 +140,10 @@ SETTINGS: tuple[Setting, ...] = (
        "per GPU); the model's attention and KV heads must divide evenly, and the worker needs that many GPUs.",
        minimum=1, group="model"),
     _s("HF_TOKEN", "str", None, "Hugging Face token for gated or private models.", secret=True, group="model"),
-    _s("BASE_PATH", "str", None, "Cache root, e.g. the network volume `/runpod-volume`: the default model and "
-       "(when HF_HOME is unset) the Hugging Face cache live under it.", group="model"),
+    _s("BASE_PATH", "str", None, "Cache root, e.g. the network volume `/runpod-volume`: the default model and, "
+       "where their variables are unset, the Hugging Face cache (HF_HOME), the kernels' tuned configs "
+       "(LLM_KERNELS_CACHE_DIR) and Triton's compiled kernels (TRITON_CACHE_DIR) live under it, so a worker "
+       "starting on the same volume skips the kernel tuning and compiling of the first.", group="model"),
     _s("ALLOWED_MODEL_ROOTS", "str", None, "Folders (separated by `:`) a local model folder must lie in, symlinks "
        "resolved; one outside fails model_load_failed. Unset: BASE_PATH, /runpod-volume, /models, the Hugging Face "
        "cache, the user's cache and home folders, the working folder (unless it is `/`) and the temp folder; `*`: "
@@ -262,3 +264,28 @@ def settings_markdown(filter_group: Callable[[str], bool] = lambda g: True) -> s
         default = "unset" if s.default is None else f"`{str(s.default).lower() if s.type == 'bool' else s.default}`"
         rows.append(f"| `{s.name}` | {kind} | {default} | {s.description} |")
     return "\n".join(rows) + "\n"
+
+
+# where each cache goes under BASE_PATH when its own variable is unset
+BASE_PATH_CACHES = {"HF_HOME": "huggingface-cache", "LLM_KERNELS_CACHE_DIR": "llm-kernels-cache",
+                    "TRITON_CACHE_DIR": "triton-cache"}
+
+
+def apply_base_path(settings: Any, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Point the unset cache variables of BASE_PATH_CACHES under settings.base_path (when set).
+    Triton's only where that folder can be written: Triton fails to compile into one it cannot."""
+    if not settings.base_path:
+        return
+    for var, folder in BASE_PATH_CACHES.items():
+        path = os.path.join(settings.base_path, folder)
+        if environ.get(var) or (var == "TRITON_CACHE_DIR" and not _writable_dir(path)):
+            continue
+        environ[var] = path
+
+
+def _writable_dir(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)

@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from llm_kernels import tune_cache
+
 
 def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -192,7 +194,9 @@ def autotune(name: str, key: tuple, configs: list | Callable[[], list], launch: 
     """The fastest of `configs` (a list, or a function making it: called only
     until the key is tuned) for `key`, timing `launch(config)` from CUDA-graph
     replays once per key. The first config is the answer under the interpreter,
-    and inside a graph capture before the key was tuned (then not kept).
+    and inside a graph capture before the key was tuned (then not kept). A
+    choice an earlier process stored (tune_cache, once activated) is taken
+    without timing, inside a capture too, while it is still among `configs`.
 
     checked: launch returns its output, and a config that fails to build or
     disagrees with the first that runs is left out, and remembered in FAILED
@@ -208,7 +212,13 @@ def autotune(name: str, key: tuple, configs: list | Callable[[], list], launch: 
     if best is not None:
         return best
     configs = configs() if callable(configs) else configs
-    if len(configs) == 1 or torch.cuda.is_current_stream_capturing():
+    if len(configs) == 1:
+        return configs[0]
+    stored = tune_cache.lookup(full, configs)  # chosen by an earlier process (llm_kernels/tune_cache.py)
+    if stored is not None:
+        _TUNED[full] = stored
+        return stored
+    if torch.cuda.is_current_stream_capturing():
         return configs[0]
     fail = None if checked is None else (lambda cfg: (name, config_key(cfg)) + tuple(checked))
     if fail is not None:
@@ -217,6 +227,7 @@ def autotune(name: str, key: tuple, configs: list | Callable[[], list], launch: 
     TIMINGS[full] = timed
     best = min(timed, key=lambda ct: ct[1])[0] if timed else configs[0]
     _TUNED[full] = best
+    tune_cache.record(full, best)
     return best
 
 

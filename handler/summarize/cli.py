@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 
 log = logging.getLogger("handler.summarize")
@@ -71,13 +70,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _local_runner(notify):
     from handler.engine_setup import check_engine_settings
-    from handler.settings import load_settings
+    from handler.settings import apply_base_path, load_settings
     from handler.summarize.local import LocalRunner
 
     settings = load_settings()
     check_engine_settings(settings)
-    if settings.base_path and not os.environ.get("HF_HOME"):  # as the worker does
-        os.environ["HF_HOME"] = os.path.join(settings.base_path, "huggingface-cache")
+    apply_base_path(settings)  # as the worker does
     return LocalRunner(settings, notify=notify)
 
 

@@ -1,7 +1,7 @@
 """Settings: one table, parsed from env vars; a bad value names its variable."""
 import pytest
 
-from handler.settings import SETTINGS, SettingsError, describe, load_settings, settings_markdown
+from handler.settings import SETTINGS, SettingsError, apply_base_path, describe, load_settings, settings_markdown
 
 
 def test_defaults_come_from_the_table():
@@ -70,3 +70,23 @@ def test_async_scheduling_reaches_the_engine_config():
     assert engine_config(load_settings({}), "m").async_scheduling is None  # the engine's own: on with CUDA
     assert engine_config(load_settings({"ASYNC_SCHEDULING": "1"}), "m").async_scheduling is True
     assert engine_config(load_settings({"ASYNC_SCHEDULING": "false"}), "m").async_scheduling is False
+
+
+def test_base_path_holds_the_caches_whose_variables_are_unset(tmp_path):
+    """HF_HOME, the kernels' tuned configs and Triton's compiled kernels go under BASE_PATH (a
+    network volume), so the next worker on it skips the first one's tuning; set ones stay."""
+    env = {"HF_HOME": "/mine"}
+    apply_base_path(load_settings({"BASE_PATH": str(tmp_path)}), env)
+    assert env == {"HF_HOME": "/mine", "LLM_KERNELS_CACHE_DIR": str(tmp_path / "llm-kernels-cache"),
+                   "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
+    assert (tmp_path / "triton-cache").is_dir()
+    env = {}
+    apply_base_path(load_settings({}), env)
+    assert env == {}  # no BASE_PATH: every cache where its library puts it
+
+
+def test_triton_keeps_its_own_cache_when_base_path_cannot_be_written(tmp_path):
+    (tmp_path / "file").write_text("")
+    env = {}
+    apply_base_path(load_settings({"BASE_PATH": str(tmp_path / "file")}), env)  # a file: nothing under it
+    assert "TRITON_CACHE_DIR" not in env and env["HF_HOME"] == str(tmp_path / "file" / "huggingface-cache")
