@@ -1,7 +1,7 @@
 """K2 with an FP8 KV cache (kv_cache_dtype="fp8", e4m3 with per-tensor scales) on a CUDA GPU:
 our paged decode attention reading an FP8 cache against the same kernel reading bf16 (the
 peer, measured in this run on the same shapes) and against the FP8 cache's bytes floor.
-Shapes, timing and floors as benchmarks/kernels.py's K2 (Qwen2.5-7B heads: 28 query,
+Shapes, timing and floors as benchmarks/kernel_bench.py's K2 (Qwen2.5-7B heads: 28 query,
 4 KV, head_dim 128).
 
     python benchmarks/kv_fp8.py --out $OUT/kv_fp8.json
@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import llm_kernels  # noqa: E402
-from benchmarks import kernels as kb  # noqa: E402
+from benchmarks import kernel_bench as kb  # noqa: E402
 
 SHAPES = [(1, 4096), (16, 4096), (64, 2048), (64, 8192), (256, 1024)]
 

@@ -2,7 +2,7 @@
 W4A16), each repacked at load into AWQ's layout and run by the same kernel as AWQ,
 beside AWQ itself; and K5: the FP8 W8A8 GEMM (per-token dynamic activations,
 torch._scaled_mm) against bf16 cuBLAS and its bytes floor at M = 1..256.
-Ratios as in benchmarks/kernels.py (ceilings measured in this run, CUDA-graph
+Ratios as in benchmarks/kernel_bench.py (ceilings measured in this run, CUDA-graph
 replays cycling through input sets to keep L2 cold).
 
     python benchmarks/quant_formats.py --out $OUT/quant_formats.json [--only K1,K5]
@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import benchmarks.kernels as bk  # noqa: E402
+import benchmarks.kernel_bench as bk  # noqa: E402
 from engine.quant.repacked import apply_parts, int4_parts  # noqa: E402
 from llm_kernels import awq  # noqa: E402
 from llm_kernels.awq import pack_awq_int4  # noqa: E402

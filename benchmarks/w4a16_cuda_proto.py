@@ -234,7 +234,7 @@ def selfcheck() -> None:
 def time_shape(proto: Proto, K: int, N: int, ms: list, gen) -> list:
     """Rows for one layer: every CUDA config checked against x @ dequant(w) and timed on
     CUDA-graph replays rotating through weight sets (cold L2, as K1), beside the Triton pick."""
-    from benchmarks.kernels import bench_rot, nsets
+    from benchmarks.kernel_bench import bench_rot, nsets
     from llm_kernels import awq
     from llm_kernels.awq import pack_awq_int4
 

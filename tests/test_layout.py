@@ -4,6 +4,7 @@ and functions, and a handler/ top level of a few modules."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -177,6 +178,17 @@ def test_functions_are_short_outside_kernels_and_tests():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
     assert not long, long
+
+
+def test_no_script_folder_shadows_an_installed_package():
+    """`python benchmarks/x.py` puts benchmarks/ first on sys.path, so a module there named like an
+    installed package replaces it for everything the script imports (benchmarks/kernels.py hid
+    Hugging Face's `kernels`, which transformers >= 5.25 imports: cpu.py and the structured
+    scripts failed at `import transformers`)."""
+    installed = set(importlib.metadata.packages_distributions())
+    clash = [f"{d}/{p.name}" for d in ("benchmarks", "scripts", "docker", "tests")
+             for p in (ROOT / d).glob("*.py") if p.stem in installed]
+    assert not clash, clash
 
 
 def test_handler_top_level_is_a_few_modules():

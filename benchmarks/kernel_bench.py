@@ -3,7 +3,7 @@ time as a ratio to its floor (copy bandwidth and bf16 matmul rate measured in
 this run) and to its peer (cuBLAS on dequantized weights, SDPA on contiguous KV). Times are medians of
 CUDA-graph replays cycling through enough input sets to keep L2 cold.
 
-    python benchmarks/kernels.py --out $OUT/kernels.json
+    python benchmarks/kernel_bench.py --out $OUT/kernels.json
 """
 import argparse
 import json
