@@ -4,6 +4,7 @@ this run) and to its peer (cuBLAS on dequantized weights, SDPA on contiguous KV)
 CUDA-graph replays cycling through enough input sets to keep L2 cold.
 
     python benchmarks/kernel_bench.py --out $OUT/kernels.json
+    LLM_KERNELS_AWQ_MMA=1 python benchmarks/kernel_bench.py --only K1 ...  # the mma layout kept too (K1 times awq_linear)
 """
 import argparse
 import json
@@ -17,7 +18,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import llm_kernels  # noqa: E402
-from llm_kernels.awq_configs import CKPT, KPACK, chosen_config, shape_key  # noqa: E402
+from llm_kernels.awq_configs import CKPT, KPACK, MMA, chosen_config, shape_key  # noqa: E402
 from llm_kernels.dispatch import FAILED, TIMINGS, graph_time  # noqa: E402
 from llm_kernels.awq import pack_awq_int4  # noqa: E402
 from benchmarks import int4_peers  # noqa: E402
@@ -154,6 +155,9 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             tf = 0.80 if (large and M <= 16) else None
             tp = 1.0 if M <= 256 else 0.8
             cfg = chosen_config(KPACK, M, N, K, G, torch.bfloat16)
+            small = chosen_config(MMA, M, N, K, G, torch.bfloat16)  # LLM_KERNELS_AWQ_MMA=1: mma kernel or kpack
+            if small is not None and small.get("kind") == "mma":
+                cfg = small
             # the tuner's times, each net of its L2 flush
             cands = [[str(c), t * 1e6] for c, t in TIMINGS.get((KPACK,) + shape_key(M, N, K, G, torch.bfloat16), [])]
             rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,

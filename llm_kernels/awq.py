@@ -5,14 +5,16 @@
 llm_kernels.awq_ckpt on CUDA and under the interpreter; the reference otherwise).
 `awq_prepare` / `awq_linear` are the engine-facing API: on CUDA the weight is
 repacked once into the K-packed layout of llm_kernels.awq_kpack, the engine's
-decode path.
+decode path; with LLM_KERNELS_AWQ_MMA=1 also into llm_kernels.awq_mma's layout,
+whose CUDA C++ kernel the tuner may pick for bf16 at M <= 32.
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from llm_kernels.awq_configs import ckpt_gemm, kpack_gemm
+from llm_kernels import awq_mma
+from llm_kernels.awq_configs import ckpt_gemm, kpack_gemm, small_m_gemm
 from llm_kernels.awq_format import awq_dequantize, awq_gemm_reference, check_awq_shapes, pack_awq_int4, unpack_awq_int4
 from llm_kernels.awq_kpack import ROWS, kpack_dequantize_reference, kpack_from_awq
 from llm_kernels.dispatch import use_triton
@@ -40,7 +42,8 @@ class AWQPrepared:
     into the K-packed layout of llm_kernels.awq_kpack (`qk` int16 [N/S, K/4, S] in
     stripes of S columns and `zeros_k` int16 [K/G, N]; the checkpoint's qweight/qzeros are then
     dropped); otherwise the checkpoint tensors (contiguous) for the kernels of
-    llm_kernels.awq_ckpt."""
+    llm_kernels.awq_ckpt. With the mma layout (llm_kernels.awq_mma) also `words`
+    int32 [N/16, K/64, 32, 4] and `sz` bf16 [N/16, K/G, 8, 4]."""
 
     qweight: Optional[torch.Tensor]
     qzeros: Optional[torch.Tensor]
@@ -50,17 +53,30 @@ class AWQPrepared:
     out_features: int
     qk: Optional[torch.Tensor] = None
     zeros_k: Optional[torch.Tensor] = None
+    words: Optional[torch.Tensor] = None
+    sz: Optional[torch.Tensor] = None
 
 
-def awq_prepare(qweight, qzeros, scales, group_size: int, kpack: Optional[bool] = None) -> AWQPrepared:
+def awq_prepare(qweight, qzeros, scales, group_size: int, kpack: Optional[bool] = None,
+                mma: Optional[bool] = None) -> AWQPrepared:
     """Check and hold a layer's checkpoint tensors for awq_linear (call once at
     load time, outside graph capture: it also reserves the split-K workspace).
-    kpack (default: on CUDA when K divides by 128) repacks the weight."""
+    kpack (default: on CUDA when K divides by 128) repacks the weight. mma (default:
+    LLM_KERNELS_AWQ_MMA=1 on a GPU that runs llm_kernels.awq_mma's kernel, for the
+    layers its layout fits) also keeps that layout, one more copy of the 4-bit weights."""
     K, N8 = qweight.shape
     check_awq_shapes(K, N8, qzeros, scales, group_size, "awq_prepare")
     p = AWQPrepared(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), group_size, K, N8 * 8)
     if kpack is None:
         kpack = qweight.is_cuda and K % ROWS == 0
+    fits = awq_mma.layout_fits(K, N8 * 8, group_size)
+    if mma is None:
+        mma = awq_mma.enabled() and fits and awq_mma.runs_on(qweight.device)
+    elif mma and not fits:
+        raise ValueError(f"awq_prepare: the mma layout needs K by 64, N by 16 and a group of 64 x 2^i "
+                         f"dividing K; got K={K}, N={N8 * 8}, group {group_size}")
+    if mma:
+        p.words, p.sz = awq_mma.mma_from_awq(p.qweight, p.qzeros, p.scales, group_size)
     if kpack:
         p.qk, p.zeros_k = kpack_from_awq(p.qweight, p.qzeros, group_size)
         p.qweight = p.qzeros = None
@@ -77,7 +93,9 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
         raise ValueError(f"awq_linear: x has K={K}, the layer {p.in_features}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
-    if p.qk is not None:
+    if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= awq_mma.MAX_M:
+        y = small_m_gemm(x2, p)
+    elif p.qk is not None:
         if use_triton(x2, p.qk) and x2.shape[0]:
             y = kpack_gemm(x2, p.qk, p.zeros_k, p.scales, p.group_size)
         else:

@@ -1,14 +1,15 @@
-"""Candidate configs of the two AWQ GEMM kernels (llm_kernels.awq_ckpt on the
-checkpoint layout, llm_kernels.awq_kpack on the K-packed one), and their GEMMs
-with the config tuned once per shape on CUDA (llm_kernels.dispatch.autotune)."""
+"""Candidate configs of the AWQ GEMM kernels (llm_kernels.awq_ckpt on the
+checkpoint layout, llm_kernels.awq_kpack on the K-packed one, llm_kernels.awq_mma
+at small M), and their GEMMs with the config tuned once per shape on CUDA
+(llm_kernels.dispatch.autotune)."""
 import torch
 
-from llm_kernels import awq_ckpt, awq_kpack
+from llm_kernels import awq_ckpt, awq_kpack, awq_mma
 from llm_kernels.awq_gemv import MAX_M as GEMV_MAX_M
 from llm_kernels.awq_gemv import gemv_config
 from llm_kernels.dispatch import autotune, chosen, next_pow2, sm_count
 
-CKPT, KPACK = "awq_ckpt", "awq_kpack"  # the tuner's names of the two kernels
+CKPT, KPACK, MMA = "awq_ckpt", "awq_kpack", "awq_mma"  # the tuner's names of the kernels
 DENSE = {"kind": "dense"}  # dequantize, then torch.matmul (cuBLAS)
 
 
@@ -195,4 +196,34 @@ def kpack_gemm(x, qk, zeros, scales, group_size: int) -> torch.Tensor:
 
     cfg = autotune(KPACK, shape_key(M, N, K, group_size, x.dtype), lambda: kpack_configs(M, x.dtype, x.device),
                    launch, checked=(x.dtype, group_size), cold_l2_device=x.device)
+    return launch(cfg)
+
+
+# ----------------------------------------------------------------------------
+# small M with the mma layout kept too (llm_kernels.awq_mma)
+
+OTHER_LAYOUT = {"kind": "layout"}  # the layer's other path: kpack (or the checkpoint layout's kernel)
+
+
+def small_m_configs(M: int) -> list:
+    """The layer's other path first (the one taken inside a capture before the shape was
+    tuned), then the mma kernel's configs."""
+    return [OTHER_LAYOUT] + awq_mma.mma_configs(M)
+
+
+def small_m_gemm(x, p) -> torch.Tensor:
+    """x [M, K] bf16 (M <= awq_mma.MAX_M) @ an AWQPrepared layer holding the mma layout: the
+    tuner times the mma kernel's configs against the layer's other path, per shape."""
+    x = x.contiguous()
+    M, K = x.shape
+
+    def launch(cfg):
+        if cfg["kind"] == "mma":
+            return awq_mma.mma_launch(x, p.words, p.sz, cfg)
+        if p.qk is not None:
+            return kpack_gemm(x, p.qk, p.zeros_k, p.scales, p.group_size)
+        return ckpt_gemm(x, p.qweight, p.qzeros, p.scales, p.group_size)
+
+    cfg = autotune(MMA, shape_key(M, p.out_features, K, p.group_size, x.dtype), lambda: small_m_configs(M), launch,
+                   checked=(x.dtype, p.group_size), cold_l2_device=x.device)
     return launch(cfg)

@@ -1,6 +1,7 @@
 """GPU kernel tests: real Qwen2.5-7B shapes on CUDA, skipped without it."""
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -18,3 +19,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(skip)
+
+
+def count_syncs(fn) -> tuple[tuple[int, int], list[str], object]:
+    """((implicit synchronising calls, explicit waits for samples), where the implicit ones
+    are, fn's result). The step's one synchronisation is PendingSamples.result's wait on an
+    event, which torch's sync debug mode does not see: it is counted by hand."""
+    from engine.sampler import PendingSamples
+
+    waits = []
+    real_result = PendingSamples.result
+
+    def result(self):
+        waits.append(1)
+        return real_result(self)
+
+    PendingSamples.result = result
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        PendingSamples.result = real_result
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return (len(syncs), len(waits)), sorted({f"{w.filename}:{w.lineno}" for w in syncs}), out

@@ -3,13 +3,13 @@ sampled token's only) and others not, with logit_bias / allowed_token_ids / bad_
 and n=2 choices in the batch, still synchronises with the host exactly once (the wait for its
 samples, no implicit synchronisation); prompt_logprobs in a prefill step too."""
 import random
-import warnings
 
 import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from tests import models
+from tests.gpu.conftest import count_syncs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -24,30 +24,6 @@ def ckpt(tmp_path_factory):
 def _prompts(n, seed=0):
     rng = random.Random(seed)
     return [{"prompt_token_ids": [rng.randrange(5, 400) for _ in range(rng.randrange(20, 90))]} for _ in range(n)]
-
-
-def _syncs(fn) -> tuple[tuple[int, int], list[str], object]:
-    """((implicit synchronising calls, explicit waits for samples), where the implicit ones
-    are, fn's result). The step's one synchronisation is PendingSamples.result's wait on an
-    event, which torch's sync debug mode does not see: it is counted by hand."""
-    from engine.sampler import PendingSamples
-
-    waits = []
-    real_result = PendingSamples.result
-
-    def result(self):
-        waits.append(1)
-        return real_result(self)
-
-    PendingSamples.result = result
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = fn()
-    finally:
-        PendingSamples.result = real_result
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    return (len(syncs), len(waits)), sorted({f"{w.filename}:{w.lineno}" for w in syncs}), out
 
 
 def test_one_host_sync_per_decode_step_with_logprobs(ckpt):
@@ -69,7 +45,7 @@ def test_one_host_sync_per_decode_step_with_logprobs(ckpt):
     torch.cuda.set_sync_debug_mode("warn")
     try:
         for _ in range(10):
-            n, at, outs = _syncs(eng.step)
+            n, at, outs = count_syncs(eng.step)
             assert len(outs) == 10
             counts.append(n)
             where += at
@@ -88,7 +64,7 @@ def test_prompt_logprobs_prefill_syncs_once(ckpt):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        n, where, outs = _syncs(eng.step)  # one prefill step of all three
+        n, where, outs = count_syncs(eng.step)  # one prefill step of all three
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert n == (0, 1), where

@@ -3,7 +3,6 @@
 unconstrained requests together (every constrained output validates, the others equal a
 run without them, float32) and a decode step with masks still synchronises with the host once."""
 import json
-import warnings
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 from engine import EngineConfig, LLMEngine, SamplingParams
 from llm_kernels.token_mask import apply_token_bitmask, apply_token_bitmask_reference
 from tests import models
+from tests.gpu.conftest import count_syncs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -80,10 +80,7 @@ def test_one_host_sync_per_decode_step_with_masks(ckpt):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            eng.step()
+        n, where, _ = count_syncs(eng.step)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 1, sorted({f"{w.filename}:{w.lineno}" for w in syncs})
+    assert n == (0, 1), where

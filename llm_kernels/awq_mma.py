@@ -1,0 +1,269 @@
+"""AWQ W4A16 for small M on CUDA in CUDA C++ (issue 20): the "mma" layout, made once at
+load time beside the kpack one, and its kernel, compiled at run time by NVRTC
+(`torch.cuda._compile_kernel`, no nvcc in the image) for any sm_80+ GPU (Ampere, Ada,
+Hopper: mma.sync only). Opt-in (LLM_KERNELS_AWQ_MMA=1, llm_kernels.awq.awq_prepare): the
+layer then holds its 4-bit weights twice, and for M <= MAX_M the tuner picks per shape
+between this kernel's configs and the kpack kernel (benchmarks/NOTES.md, session 18).
+
+Why (benchmarks/w4a16_cuda_proto.py on the H200): at M <= 16 the Triton kpack kernel
+issues on under half the cycles and round-trips the weights through shared memory; here
+one 128-bit load of a lane is its A fragments for four MMAs, straight into registers.
+
+The layer is transposed for the MMA (m16n8k16): 16 output columns are its rows, 8 tokens
+its columns, up to MAX_M / 8 token tiles share one dequantized fragment. The repack:
+  word[nt, kc, lane, j] = the 8 nibbles lane (g = lane / 4, t = lane % 4) feeds step j of
+  64-row chunk kc of 16-column tile nt; fragment element e (the PTX ISA's layout: rows g,
+  g + 8 for e / 2 odd, columns 2t, 2t + 1, + 8 for e >= 4) sits at nibble e / 2 + 4 (e % 2),
+  so one shift and one mask give a bf16 pair (0x4300 | q = 128 + q), and two bf16x2 FMAs
+  give (q - z) * s.
+Inside a chunk the K order is permuted (the same for weights and activations, so the
+product is unchanged): lane t's activations for the chunk's four steps are the 16
+contiguous values at 16t, two 128-bit loads. Scales and zeros: one 64-bit load a lane a
+group, (s_g, s_g+8, -(128 + z_g), -(128 + z_g+8)). Each 16-column tile is one block; its
+warps split K and add their fragments in shared memory at the end.
+"""
+import math
+import os
+from functools import lru_cache
+
+import torch
+
+from llm_kernels.awq_format import unpack_awq_int4
+
+MAX_M = 32  # awq_linear's cut-over: beyond, the kernel loses to kpack / cuBLAS on the H200 (session 18)
+KERNEL_MAX_M = 64  # the kernel's own limit: 8 token tiles of 8 a block
+NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # fragment element e -> its nibble: e / 2 + 4 (e % 2)
+CONFIGS = [(nw, u) for nw in (4, 8, 16) for u in (2, 4, 8)]  # warps a block, chunks loaded ahead
+ENV = "LLM_KERNELS_AWQ_MMA"
+
+
+def enabled() -> bool:
+    """The opt-in: keep the mma layout beside kpack (one more copy of the 4-bit weights)."""
+    return os.environ.get(ENV, "0") == "1"
+
+
+def layout_fits(K: int, N: int, group_size: int) -> bool:
+    """K by 64, N by 16, the group a power-of-two multiple of 64 dividing K."""
+    r = group_size // 64
+    return K % 64 == 0 and N % 16 == 0 and group_size % 64 == 0 and K % group_size == 0 and r & (r - 1) == 0
+
+
+def runs_on(device) -> bool:
+    """The kernel runs there: a CUDA GPU of sm_80+ and a torch with NVRTC kernels."""
+    return device.type == "cuda" and hasattr(torch.cuda, "_compile_kernel") and \
+        torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def mma_pack(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor):
+    """q [K, N], z [K / G, N] integers 0..15, s [K / G, N] -> (words int32 [N/16, K/64, 32, 4],
+    sz bf16 [N/16, K/G, 8, 4]: s_g, s_g+8, -(128 + z_g), -(128 + z_g+8))."""
+    K, N = q.shape
+    KG = z.shape[0]
+    # k = kc 64 + t 16 + j 4 + (e >> 2) 2 + (e & 1); n = nt 16 + ((e >> 1) & 1) 8 + g
+    v = q.to(torch.int64).view(K // 64, 4, 4, 2, 2, N // 16, 2, 8)  # kc t j hi lo nt mid g
+    v = v.permute(5, 0, 7, 1, 2, 3, 6, 4)  # nt kc g t j hi mid lo (e = 4 hi + 2 mid + lo)
+    v = v.reshape(N // 16, K // 64, 32, 4, 8)
+    shifts = torch.tensor([4 * NIBBLE[e] for e in range(8)], dtype=torch.int64, device=q.device)
+    words = (v << shifts).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    zb = (-(128 + z.to(torch.float32))).to(torch.bfloat16)
+
+    def pair(a):  # [KG, N] -> [N/16, KG, 8 (g), 2 (rows g, g + 8)]
+        return a.reshape(KG, N // 16, 2, 8).permute(1, 0, 3, 2)
+
+    sz = torch.cat([pair(s.to(torch.bfloat16)), pair(zb)], dim=-1).contiguous()
+    return words.contiguous(), sz
+
+
+def mma_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int):
+    """AutoAWQ GEMM-format qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N] -> mma_pack's."""
+    return mma_pack(unpack_awq_int4(qweight), unpack_awq_int4(qzeros), scales)
+
+
+def mma_dequantize_reference(words: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """The weight [K, N] in float32, (q - z) * s, undoing mma_pack (the CPU path, and the oracle)."""
+    NT, KC = words.shape[:2]
+    K, N, KG = KC * 64, NT * 16, sz.shape[1]
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.tensor([4 * NIBBLE[e] for e in range(8)], dtype=torch.int64, device=words.device)
+    v = (w[..., None] >> shifts) & 0xF  # [NT, KC, 32, 4, 8]: nt kc (g t) j (hi mid lo)
+    v = v.view(NT, KC, 8, 4, 4, 2, 2, 2).permute(1, 3, 4, 5, 7, 0, 6, 2)  # kc t j hi lo nt mid g
+    q = v.reshape(K, N).float()
+
+    def unpair(a):  # pair's inverse: [N/16, KG, 8, 2] -> [KG, N]
+        return a.permute(1, 0, 3, 2).reshape(KG, N)
+
+    s, z = unpair(sz[..., :2].float()), -unpair(sz[..., 2:].float()) - 128
+    G = K // KG
+    return (q - z.repeat_interleave(G, 0)) * s.repeat_interleave(G, 0)
+
+
+def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, read the way its lanes read (the fragments' registers, the
+    permuted activations, bf16 dequant; float32 on the CPU): y [M, N]. Tests check the
+    layout with it; the CUDA kernel itself runs on a GPU only."""
+    NT, KC = words.shape[:2]
+    M, N, KG = x.shape[0], NT * 16, sz.shape[1]
+    grp = torch.arange(KC) // (KC // KG)  # each chunk's group
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    y = torch.zeros(M, N, dtype=torch.float32)
+    a = torch.zeros(NT, KC, 4, 16, 16)  # the A tiles: [row n, col k] of each chunk's four steps
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    s, nz = sz[..., :2].float(), sz[..., 2:].float()  # [NT, KG, 8, 2]
+    for reg in range(4):  # the PTX fragment's registers: rows g (0, 2) or g + 8 (1, 3), cols + 8 for 2, 3
+        for half in range(2):
+            nib = (w >> (4 * (reg + 4 * half))) & 0xF  # [NT, KC, 32, 4]
+            row, col = g + 8 * (reg & 1), 2 * t + half + 8 * (reg >> 1)
+            sc = s[:, grp][:, :, g, reg & 1]  # [NT, KC, 32]
+            zz = nz[:, grp][:, :, g, reg & 1]
+            val = (nib.float() + 128 + zz[..., None]).to(torch.bfloat16).float() * sc[..., None]
+            a[:, :, :, row, col] = val.to(torch.bfloat16).float().permute(0, 1, 3, 2)
+    for m in range(M):
+        xs = x[m].float().view(KC, 4, 16)  # chunk, t, the lane's 16 values
+        b = torch.zeros(KC, 4, 16)  # [chunk, step j, col k]
+        for tt in range(4):
+            for j in range(4):
+                for r in range(2):
+                    for half in range(2):
+                        b[:, j, 2 * tt + half + 8 * r] = xs[:, tt, 4 * j + 2 * r + half]
+        y[m] = torch.einsum("nkjrc,kjc->nr", a, b).reshape(N)
+    return y
+
+
+SOURCE = r"""
+typedef unsigned int u32;
+
+__device__ __forceinline__ void ldg4(u32 (&r)[4], const void* p) {
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+}
+__device__ __forceinline__ void ldx4(u32* r, const void* p) {
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+}
+__device__ __forceinline__ void ldsz(u32 (&r)[2], const void* p) {
+  asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+}
+// bf16 pair (q_lo - z, q_hi - z) * s of the two nibbles at bits sh and sh + 16
+__device__ __forceinline__ u32 dq(u32 w, int sh, u32 s2, u32 nz2) {
+  u32 v = ((w >> sh) & 0x000F000Fu) | 0x43004300u, d, r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(nz2));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(d), "r"(s2), "r"(0x80008000u));
+  return r;
+}
+__device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(NW * 32)
+KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned short* __restrict__ X,
+      unsigned short* __restrict__ Y, int M, int N, int K, int gshift) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int nt = blockIdx.x, KC = K >> 6, KG = KC >> gshift;
+  const int c0 = warp * KC / NW, c1 = (warp + 1) * KC / NW;
+  float acc[MT][4];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+  const u32* wp = W + ((size_t)nt * KC * 32 + lane) * 4;
+  const u32* sp = SZ + ((size_t)nt * KG * 8 + g) * 2;
+  const unsigned short* xp[MT];
+  bool xv[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) {
+    const int tok = m * 8 + g;
+    xv[m] = tok < M;
+    xp[m] = X + (size_t)(xv[m] ? tok : 0) * K + 16 * t;
+  }
+  for (int c = c0; c < c1; c += U) {
+    u32 wv[U][4];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (c + u < c1) ldg4(wv[u], wp + (size_t)(c + u) * 128);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (c + u < c1) {
+        const int cc = c + u;
+        u32 sz[2];
+        ldsz(sz, sp + (size_t)(cc >> gshift) * 16);
+        const u32 sg = __byte_perm(sz[0], 0, 0x1010), sg8 = __byte_perm(sz[0], 0, 0x3232);
+        const u32 zg = __byte_perm(sz[1], 0, 0x1010), zg8 = __byte_perm(sz[1], 0, 0x3232);
+        u32 xw[MT][8];  // the lane's 16 activations of the chunk, as bf16 pairs
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+          if (xv[m]) {
+            ldx4(&xw[m][0], xp[m] + cc * 64);
+            ldx4(&xw[m][4], xp[m] + cc * 64 + 8);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) xw[m][i] = 0u;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const u32 w = wv[u][j];
+          const u32 a0 = dq(w, 0, sg, zg), a1 = dq(w, 4, sg8, zg8), a2 = dq(w, 8, sg, zg), a3 = dq(w, 12, sg8, zg8);
+#pragma unroll
+          for (int m = 0; m < MT; m++) {
+            mma(acc[m], a0, a1, a2, a3, xw[m][2 * j], xw[m][2 * j + 1]);
+          }
+        }
+      }
+    }
+  }
+  __shared__ float red[NW][MT * 4][32];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][m * 4 + i][lane] = acc[m][i];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < MT * 128; idx += NW * 32) {
+    const int mi = idx >> 5, l = idx & 31;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) s += red[w][mi][l];
+    const int m = mi >> 2, i = mi & 3;
+    const int row = (l >> 2) + ((i >> 1) << 3), tok = m * 8 + 2 * (l & 3) + (i & 1);
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(s));
+    if (tok < M) Y[(size_t)tok * N + nt * 16 + row] = h;
+  }
+}
+"""
+
+def fits(nw: int, mt: int) -> bool:
+    """The block's partial sums (red[NW][MT * 4][32] floats) fit 48 KB of static shared memory."""
+    return nw * mt * 4 * 32 * 4 <= 48 * 1024
+
+
+def mma_configs(M: int) -> list:
+    """The kernel's candidates at M <= KERNEL_MAX_M tokens: warps a block, chunks loaded ahead."""
+    mt = -(-M // 8)
+    return [{"kind": "mma", "nw": nw, "u": u} for nw, u in CONFIGS if fits(nw, mt)]
+
+
+@lru_cache(maxsize=None)
+def _kernel(nw: int, mt: int, u: int):
+    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}"
+    src = f"#define NW {nw}\n#define MT {mt}\n#define U {u}\n#define KNAME {name}\n" + SOURCE
+    return torch.cuda._compile_kernel(src, name)
+
+
+def mma_launch(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, cfg: dict, out=None) -> torch.Tensor:
+    """x [M, K] bf16 (M <= KERNEL_MAX_M, contiguous) @ the mma-layout weight -> out [M, N] bf16, on
+    the current stream (graph-capturable). The config's kernel is compiled on first use."""
+    M, K = x.shape
+    N, KG = words.shape[0] * 16, sz.shape[1]
+    if not (1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], -(-M // 8)) and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
+        raise ValueError(f"mma_launch: x {tuple(x.shape)} {x.dtype} against a [{words.shape[1] * 64}, {N}] layer")
+    if out is None:
+        out = torch.empty(M, N, device=x.device, dtype=torch.bfloat16)
+    gshift = int(math.log2(K // 64 // KG))
+    kernel = _kernel(cfg["nw"], -(-M // 8), cfg["u"])
+    kernel(grid=(N // 16, 1, 1), block=(32 * cfg["nw"], 1, 1), args=[words, sz, x, out, M, N, K, gshift])
+    return out

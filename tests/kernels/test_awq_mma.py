@@ -1,0 +1,124 @@
+"""llm_kernels.awq_mma on the CPU: the mma layout undoes to the checkpoint's weights, the
+kernel's lanes reading it (the PTX fragment layouts, emulated) compute the product, the
+opt-in and its errors, and the tuner's choice between the mma kernel and the layer's kpack
+path. The CUDA kernel itself runs on a GPU only (tests/gpu/test_awq_mma_gpu.py)."""
+import pytest
+import torch
+
+from llm_kernels import awq_configs, awq_mma, dispatch
+from llm_kernels.awq import awq_dequantize, awq_gemm_reference, awq_linear, awq_prepare, pack_awq_int4
+
+
+def _layer(gen, K, N, G):
+    q = torch.randint(0, 16, (K, N), generator=gen)
+    z = torch.randint(0, 16, (K // G, N), generator=gen)
+    s = (torch.rand(K // G, N, generator=gen) * 0.02 + 0.001).to(torch.bfloat16)
+    return q, z, s
+
+
+@pytest.mark.parametrize("K, N, G", [(256, 32, 128), (384, 48, 128), (256, 32, 64), (512, 16, 256)])
+def test_the_layout_undoes_to_the_checkpoint_weight(K, N, G):
+    gen = torch.Generator().manual_seed(K + N + G)
+    q, z, s = _layer(gen, K, N, G)
+    qw, qz = pack_awq_int4(q), pack_awq_int4(z)
+    words, sz = awq_mma.mma_from_awq(qw, qz, s, G)
+    assert words.shape == (N // 16, K // 64, 32, 4) and words.dtype == torch.int32
+    assert sz.shape == (N // 16, K // G, 8, 4) and sz.dtype == torch.bfloat16
+    torch.testing.assert_close(awq_mma.mma_dequantize_reference(words, sz),
+                               awq_dequantize(qw, qz, s, G, dtype=torch.float32), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("M, K, N, G", [(1, 256, 32, 128), (7, 384, 48, 128), (16, 128, 16, 128),
+                                        (27, 256, 32, 64), (3, 512, 16, 256)])
+def test_lanes_reading_the_layout_compute_the_product(M, K, N, G):
+    gen = torch.Generator().manual_seed(M * 1000 + K + N + G)
+    q, z, s = _layer(gen, K, N, G)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    w = ((q - z.repeat_interleave(G, 0)).to(torch.bfloat16) * s.repeat_interleave(G, 0)).float()  # the kernel's bf16
+    ref = x.float() @ w
+    got = awq_mma.mma_emulate_lanes(x, *awq_mma.mma_pack(q, z, s))
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_a_wrong_nibble_order_is_caught():
+    """The emulation sees the layout: two fragment elements' nibbles swapped break the product."""
+    gen = torch.Generator().manual_seed(5)
+    K, N = 128, 16
+    q = torch.randint(0, 16, (K, N), generator=gen)
+    x = torch.randn(3, K, generator=gen).to(torch.bfloat16)
+    words, sz = awq_mma.mma_pack(q, torch.zeros(1, N, dtype=torch.int64), torch.ones(1, N, dtype=torch.bfloat16))
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    swapped = (w & ~0xF0F) | ((w & 0xF) << 8) | ((w >> 8) & 0xF)  # nibbles 0 and 2 exchanged
+    swapped = torch.where(swapped >= 2**31, swapped - 2**32, swapped).to(torch.int32)
+    ref = x.float() @ q.float()
+    assert ((awq_mma.mma_emulate_lanes(x, words, sz) - ref).norm() / ref.norm()).item() < 1e-5
+    assert ((awq_mma.mma_emulate_lanes(x, swapped, sz) - ref).norm() / ref.norm()).item() > 1e-2
+
+
+def test_opt_in_only_where_the_kernel_runs(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # bf16 dots are broken under the interpreter: the CPU path
+    gen = torch.Generator().manual_seed(1)
+    q, z, s = _layer(gen, 256, 32, 128)
+    qw, qz = pack_awq_int4(q), pack_awq_int4(z)
+    assert awq_prepare(qw, qz, s, 128).words is None  # off by default
+    monkeypatch.setenv(awq_mma.ENV, "1")
+    assert awq_mma.enabled() and not awq_mma.runs_on(torch.device("cpu"))
+    assert awq_prepare(qw, qz, s, 128).words is None  # the CPU cannot run it
+    p = awq_prepare(qw, qz, s, 128, mma=True)  # asked for: the layout is made anywhere
+    torch.testing.assert_close(awq_mma.mma_dequantize_reference(p.words, p.sz),
+                               awq_dequantize(qw, qz, s, 128, dtype=torch.float32))
+    x = torch.randn(4, 256, generator=gen).to(torch.bfloat16)
+    torch.testing.assert_close(awq_linear(x, p), awq_gemm_reference(x, qw, qz, s, 128))
+
+
+@pytest.mark.parametrize("K, N, G, what", [(256, 24, 128, "N=24"), (256, 32, 32, "group 32"),
+                                           (320, 32, 64, None)])
+def test_a_layer_the_layout_does_not_fit_is_refused_by_name(K, N, G, what):
+    gen = torch.Generator().manual_seed(2)
+    q, z, s = _layer(gen, K, N, G)
+    if what is None:  # K = 5 chunks of 64, group 64: fits
+        assert awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, G, mma=True).words is not None
+        return
+    with pytest.raises(ValueError, match=what):
+        awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, G, mma=True)
+
+
+def test_configs_fit_shared_memory_and_launch_checks_its_input():
+    for M in (1, 8, 9, 16, 17, 32):
+        cfgs = awq_mma.mma_configs(M)
+        assert cfgs and all(c["kind"] == "mma" and awq_mma.fits(c["nw"], -(-M // 8)) for c in cfgs)
+    assert not awq_mma.fits(16, 8)  # 64 KB: the M = 64 tiles leave 16 warps out
+    words, sz = awq_mma.mma_pack(torch.zeros(128, 16, dtype=torch.int64), torch.zeros(1, 16, dtype=torch.int64),
+                                 torch.ones(1, 16))
+    for x, nw in ((torch.zeros(65, 128, dtype=torch.bfloat16), 4), (torch.zeros(2, 128, dtype=torch.float16), 4),
+                  (torch.zeros(2, 64, dtype=torch.bfloat16), 4), (torch.zeros(64, 128, dtype=torch.bfloat16), 16)):
+        with pytest.raises(ValueError, match="mma_launch"):
+            awq_mma.mma_launch(x, words, sz, {"nw": nw, "u": 2})
+
+
+def test_the_tuner_picks_the_faster_of_the_mma_kernel_and_the_kpack_path(fake_gpu, monkeypatch):
+    """Per shape, from timings: the mma config that wins, or kpack where it is faster; the first
+    candidate (the layer's other path) is what a capture takes before the shape is tuned."""
+    monkeypatch.setattr(dispatch, "_TUNED", {})
+    gen = torch.Generator().manual_seed(3)
+    q, z, s = _layer(gen, 256, 32, 128)
+    p = awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, 128, kpack=False, mma=True)
+    fast = {"nw": 8, "u": 4}
+    costs = {"layout": 10e-6, **{f"mma{c['nw']}-{c['u']}": 12e-6 for c in awq_mma.mma_configs(32)}}
+    costs[f"mma{fast['nw']}-{fast['u']}"] = 6e-6
+    gpu = fake_gpu(costs)
+    out = torch.zeros(1, 32)
+    monkeypatch.setattr(awq_configs, "ckpt_gemm", lambda *a: gpu.log.append("layout") or out)
+    monkeypatch.setattr(awq_mma, "mma_launch", lambda x, w, sz, c: gpu.log.append(f"mma{c['nw']}-{c['u']}") or out)
+    x = torch.zeros(3, 256, dtype=torch.bfloat16)
+    awq_configs.small_m_gemm(x, p)
+    assert dispatch.chosen(awq_configs.MMA, awq_configs.shape_key(3, 32, 256, 128, torch.bfloat16)) == \
+        {"kind": "mma", **fast}
+    costs["layout"] = 1e-6  # at another M bucket kpack (here the checkpoint kernel) is faster
+    awq_configs.small_m_gemm(torch.zeros(20, 256, dtype=torch.bfloat16), p)
+    assert dispatch.chosen(awq_configs.MMA, awq_configs.shape_key(20, 32, 256, 128, torch.bfloat16)) == \
+        awq_configs.OTHER_LAYOUT
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    gpu.log.clear()
+    awq_configs.small_m_gemm(torch.zeros(9, 256, dtype=torch.bfloat16), p)  # untuned bucket in a capture
+    assert gpu.log == ["layout"]
