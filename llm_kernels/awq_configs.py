@@ -205,10 +205,10 @@ def kpack_gemm(x, qk, zeros, scales, group_size: int) -> torch.Tensor:
 OTHER_LAYOUT = {"kind": "layout"}  # the layer's other path: kpack (or the checkpoint layout's kernel)
 
 
-def small_m_configs(M: int) -> list:
+def small_m_configs(M: int, N: int) -> list:
     """The layer's other path first (the one taken inside a capture before the shape was
     tuned), then the mma kernel's configs."""
-    return [OTHER_LAYOUT] + awq_mma.mma_configs(M)
+    return [OTHER_LAYOUT] + awq_mma.mma_configs(M, N)
 
 
 def small_m_gemm(x, p) -> torch.Tensor:
@@ -224,6 +224,7 @@ def small_m_gemm(x, p) -> torch.Tensor:
             return kpack_gemm(x, p.qk, p.zeros_k, p.scales, p.group_size)
         return ckpt_gemm(x, p.qweight, p.qzeros, p.scales, p.group_size)
 
-    cfg = autotune(MMA, shape_key(M, p.out_features, K, p.group_size, x.dtype), lambda: small_m_configs(M), launch,
+    N = p.out_features
+    cfg = autotune(MMA, shape_key(M, N, K, p.group_size, x.dtype), lambda: small_m_configs(M, N), launch,
                    checked=(x.dtype, p.group_size), cold_l2_device=x.device)
     return launch(cfg)

@@ -20,7 +20,8 @@ Inside a chunk the K order is permuted (the same for weights and activations, so
 product is unchanged): lane t's activations for the chunk's four steps are the 16
 contiguous values at 16t, two 128-bit loads. Scales and zeros: one 64-bit load a lane a
 group, (s_g, s_g+8, -(128 + z_g), -(128 + z_g+8)). Each 16-column tile is one block; its
-warps split K and add their fragments in shared memory at the end.
+warps split K and add their fragments in shared memory at the end. A block may take 2 or 4
+neighbouring tiles (NTB), each chunk's activations then loaded once for all of them.
 """
 import math
 import os
@@ -33,7 +34,10 @@ from llm_kernels.awq_format import unpack_awq_int4
 MAX_M = 32  # awq_linear's cut-over: beyond, the kernel loses to kpack / cuBLAS on the H200 (session 18)
 KERNEL_MAX_M = 64  # the kernel's own limit: 8 token tiles of 8 a block
 NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # fragment element e -> its nibble: e / 2 + 4 (e % 2)
-CONFIGS = [(nw, u) for nw in (4, 8, 16) for u in (2, 4, 8)]  # warps a block, chunks loaded ahead
+# (warps a block, chunks loaded ahead, 16-column tiles a block): one tile a block is what
+# session 18 timed; 2 or 4 tiles share each activation load, for M >= 16 on wide layers (not timed yet)
+CONFIGS = [(nw, u, 1) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
+    [(nw, u, ntb) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)]
 ENV = "LLM_KERNELS_AWQ_MMA"
 
 
@@ -163,15 +167,17 @@ extern "C" __global__ void __launch_bounds__(NW * 32)
 KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned short* __restrict__ X,
       unsigned short* __restrict__ Y, int M, int N, int K, int gshift) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int nt = blockIdx.x, KC = K >> 6, KG = KC >> gshift;
+  const int nt = blockIdx.x * NTB, KC = K >> 6, KG = KC >> gshift;  // the block's first 16-column tile
   const int c0 = warp * KC / NW, c1 = (warp + 1) * KC / NW;
-  float acc[MT][4];
+  float acc[NTB][MT][4];
 #pragma unroll
-  for (int m = 0; m < MT; m++)
+  for (int b = 0; b < NTB; b++)
 #pragma unroll
-    for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
-  const u32* wp = W + ((size_t)nt * KC * 32 + lane) * 4;
-  const u32* sp = SZ + ((size_t)nt * KG * 8 + g) * 2;
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[b][m][i] = 0.f;
+  const u32* wp = W + ((size_t)nt * KC * 32 + lane) * 4;  // tile b's words: + b KC 128
+  const u32* sp = SZ + ((size_t)nt * KG * 8 + g) * 2;  // tile b's scales and zeros: + b KG 16
   const unsigned short* xp[MT];
   bool xv[MT];
 #pragma unroll
@@ -181,18 +187,19 @@ KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned shor
     xp[m] = X + (size_t)(xv[m] ? tok : 0) * K + 16 * t;
   }
   for (int c = c0; c < c1; c += U) {
-    u32 wv[U][4];
+    u32 wv[U][NTB][4];
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (c + u < c1) ldg4(wv[u], wp + (size_t)(c + u) * 128);
+      if (c + u < c1)
+#pragma unroll
+        for (int b = 0; b < NTB; b++) ldg4(wv[u][b], wp + ((size_t)b * KC + c + u) * 128);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (c + u < c1) {
         const int cc = c + u;
-        u32 sz[2];
-        ldsz(sz, sp + (size_t)(cc >> gshift) * 16);
-        const u32 sg = __byte_perm(sz[0], 0, 0x1010), sg8 = __byte_perm(sz[0], 0, 0x3232);
-        const u32 zg = __byte_perm(sz[1], 0, 0x1010), zg8 = __byte_perm(sz[1], 0, 0x3232);
+        u32 sz[NTB][2];  // before the activations, as in the kernel session 18 timed (NTB = 1)
+#pragma unroll
+        for (int b = 0; b < NTB; b++) ldsz(sz[b], sp + ((size_t)b * KG + (cc >> gshift)) * 16);
         u32 xw[MT][8];  // the lane's 16 activations of the chunk, as bf16 pairs
 #pragma unroll
         for (int m = 0; m < MT; m++) {
@@ -205,52 +212,63 @@ KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned shor
           }
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-          const u32 w = wv[u][j];
-          const u32 a0 = dq(w, 0, sg, zg), a1 = dq(w, 4, sg8, zg8), a2 = dq(w, 8, sg, zg), a3 = dq(w, 12, sg8, zg8);
+        for (int b = 0; b < NTB; b++) {  // every tile of the block reuses the chunk's activations
+          const u32 sg = __byte_perm(sz[b][0], 0, 0x1010), sg8 = __byte_perm(sz[b][0], 0, 0x3232);
+          const u32 zg = __byte_perm(sz[b][1], 0, 0x1010), zg8 = __byte_perm(sz[b][1], 0, 0x3232);
 #pragma unroll
-          for (int m = 0; m < MT; m++) {
-            mma(acc[m], a0, a1, a2, a3, xw[m][2 * j], xw[m][2 * j + 1]);
+          for (int j = 0; j < 4; j++) {
+            const u32 w = wv[u][b][j];
+            const u32 a0 = dq(w, 0, sg, zg), a1 = dq(w, 4, sg8, zg8), a2 = dq(w, 8, sg, zg), a3 = dq(w, 12, sg8, zg8);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+              mma(acc[b][m], a0, a1, a2, a3, xw[m][2 * j], xw[m][2 * j + 1]);
+            }
           }
         }
       }
     }
   }
-  __shared__ float red[NW][MT * 4][32];
+  __shared__ float red[NW][NTB * MT * 4][32];
 #pragma unroll
-  for (int m = 0; m < MT; m++)
+  for (int b = 0; b < NTB; b++)
 #pragma unroll
-    for (int i = 0; i < 4; i++) red[warp][m * 4 + i][lane] = acc[m][i];
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) red[warp][(b * MT + m) * 4 + i][lane] = acc[b][m][i];
   __syncthreads();
-  for (int idx = threadIdx.x; idx < MT * 128; idx += NW * 32) {
+  for (int idx = threadIdx.x; idx < NTB * MT * 128; idx += NW * 32) {
     const int mi = idx >> 5, l = idx & 31;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; w++) s += red[w][mi][l];
-    const int m = mi >> 2, i = mi & 3;
+    const int b = mi / (MT * 4), m = (mi >> 2) % MT, i = mi & 3;
     const int row = (l >> 2) + ((i >> 1) << 3), tok = m * 8 + 2 * (l & 3) + (i & 1);
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(s));
-    if (tok < M) Y[(size_t)tok * N + nt * 16 + row] = h;
+    if (tok < M) Y[(size_t)tok * N + (nt + b) * 16 + row] = h;
   }
 }
 """
 
-def fits(nw: int, mt: int) -> bool:
-    """The block's partial sums (red[NW][MT * 4][32] floats) fit 48 KB of static shared memory."""
-    return nw * mt * 4 * 32 * 4 <= 48 * 1024
+
+def fits(nw: int, mt: int, ntb: int = 1) -> bool:
+    """The block's partial sums (red[NW][NTB * MT * 4][32] floats) fit 48 KB of static shared memory."""
+    return nw * ntb * mt * 4 * 32 * 4 <= 48 * 1024
 
 
-def mma_configs(M: int) -> list:
-    """The kernel's candidates at M <= KERNEL_MAX_M tokens: warps a block, chunks loaded ahead."""
+def mma_configs(M: int, N: int) -> list:
+    """The kernel's candidates at M <= KERNEL_MAX_M tokens for N columns: warps a block, chunks
+    loaded ahead, 16-column tiles a block (NTB > 1 reuses each activation load across tiles:
+    fewer blocks, so only where N leaves enough of them)."""
     mt = -(-M // 8)
-    return [{"kind": "mma", "nw": nw, "u": u} for nw, u in CONFIGS if fits(nw, mt)]
+    return [{"kind": "mma", "nw": nw, "u": u, **({"ntb": ntb} if ntb > 1 else {})}
+            for nw, u, ntb in CONFIGS if N % (16 * ntb) == 0 and fits(nw, mt, ntb)]
 
 
 @lru_cache(maxsize=None)
-def _kernel(nw: int, mt: int, u: int):
-    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}"
-    src = f"#define NW {nw}\n#define MT {mt}\n#define U {u}\n#define KNAME {name}\n" + SOURCE
+def _kernel(nw: int, mt: int, u: int, ntb: int):
+    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}_ntb{ntb}"
+    src = f"#define NW {nw}\n#define MT {mt}\n#define U {u}\n#define NTB {ntb}\n#define KNAME {name}\n" + SOURCE
     return torch.cuda._compile_kernel(src, name)
 
 
@@ -259,11 +277,12 @@ def mma_launch(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, cfg: dict
     the current stream (graph-capturable). The config's kernel is compiled on first use."""
     M, K = x.shape
     N, KG = words.shape[0] * 16, sz.shape[1]
-    if not (1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], -(-M // 8)) and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
+    ntb = cfg.get("ntb", 1)
+    if not (1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], -(-M // 8), ntb) and N % (16 * ntb) == 0 and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
         raise ValueError(f"mma_launch: x {tuple(x.shape)} {x.dtype} against a [{words.shape[1] * 64}, {N}] layer")
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=torch.bfloat16)
     gshift = int(math.log2(K // 64 // KG))
-    kernel = _kernel(cfg["nw"], -(-M // 8), cfg["u"])
-    kernel(grid=(N // 16, 1, 1), block=(32 * cfg["nw"], 1, 1), args=[words, sz, x, out, M, N, K, gshift])
+    kernel = _kernel(cfg["nw"], -(-M // 8), cfg["u"], ntb)
+    kernel(grid=(N // (16 * ntb), 1, 1), block=(32 * cfg["nw"], 1, 1), args=[words, sz, x, out, M, N, K, gshift])
     return out

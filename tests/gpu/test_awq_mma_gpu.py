@@ -34,7 +34,7 @@ def test_every_config_matches_the_reference(K, N, G):
     for M in (1, 3, 8, 13, 16, 24, 32, 45, 64):
         x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
         ref = x.float() @ w
-        for cfg in awq_mma.mma_configs(M):
+        for cfg in awq_mma.mma_configs(M, N):
             out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             awq_mma.mma_launch(x, words, sz, cfg, out)
             assert _rel(out, ref) < 1e-2, (M, cfg)
@@ -78,7 +78,7 @@ def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, mo
     calls = []
     launch = awq_mma.mma_launch
     monkeypatch.setattr(awq_mma, "mma_launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
-    monkeypatch.setattr(awq_configs, "small_m_configs", lambda M: awq_mma.mma_configs(M)[:1])
+    monkeypatch.setattr(awq_configs, "small_m_configs", lambda M, N: awq_mma.mma_configs(M, N)[:1])
     monkeypatch.setenv(awq_mma.ENV, "1")
     mma = LLM(dst, device="cuda", dtype="bfloat16", num_kv_blocks=256).generate(prompts, params)
     assert calls  # the kernel ran (captured in the decode graphs, or eagerly)
