@@ -4,7 +4,7 @@ this run) and to its peer (cuBLAS on dequantized weights, SDPA on contiguous KV)
 CUDA-graph replays cycling through enough input sets to keep L2 cold.
 
     python benchmarks/kernel_bench.py --out $OUT/kernels.json
-    LLM_KERNELS_AWQ_MMA=1 python benchmarks/kernel_bench.py --only K1 ...  # the mma layout kept too (K1 times awq_linear)
+    LLM_KERNELS_AWQ_MMA=1 python benchmarks/kernel_bench.py --only K1 ...  # with llm_kernels/awq_mma.py
 """
 import argparse
 import json

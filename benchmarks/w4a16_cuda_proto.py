@@ -76,7 +76,8 @@ def time_shape(K: int, N: int, ms: list, gen, gemlite) -> list:
             awq_mma.mma_launch(x, sets[0][1], sets[0][2], cfg, out)
             err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
             t = bench_rot([lambda st=st, c=cfg: awq_mma.mma_launch(x, st[1], st[2], c, out) for st in sets])
-            rows.append({"case": f"{K}x{N} M={M}", "config": f"nw={cfg['nw']} u={cfg['u']} ntb={cfg.get('ntb', 1)}", "rel_err": err,
+            name = f"nw={cfg['nw']} u={cfg['u']} ntb={cfg.get('ntb', 1)}"
+            rows.append({"case": f"{K}x{N} M={M}", "config": name, "rel_err": err,
                          "time_us": t * 1e6, "triton_us": triton_s * 1e6, "ratio_to_triton": triton_s / t,
                          "ratio_to_floor": floor / t, "triton_ratio_to_floor": floor / triton_s,
                          "best_peer": min(timed, key=timed.get), "ratio_to_peer": best_peer / t,

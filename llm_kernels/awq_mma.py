@@ -278,7 +278,8 @@ def mma_launch(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, cfg: dict
     M, K = x.shape
     N, KG = words.shape[0] * 16, sz.shape[1]
     ntb = cfg.get("ntb", 1)
-    if not (1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], -(-M // 8), ntb) and N % (16 * ntb) == 0 and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
+    shape_ok = 1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], -(-M // 8), ntb) and N % (16 * ntb) == 0
+    if not (shape_ok and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
         raise ValueError(f"mma_launch: x {tuple(x.shape)} {x.dtype} against a [{words.shape[1] * 64}, {N}] layer")
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=torch.bfloat16)

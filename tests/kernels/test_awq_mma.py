@@ -96,7 +96,8 @@ def test_configs_fit_shared_memory_and_launch_checks_its_input():
     words, sz = awq_mma.mma_pack(torch.zeros(128, 16, dtype=torch.int64), torch.zeros(1, 16, dtype=torch.int64),
                                  torch.ones(1, 16))
     for x, cfg in ((torch.zeros(65, 128, dtype=torch.bfloat16), {}), (torch.zeros(2, 128, dtype=torch.float16), {}),
-                   (torch.zeros(2, 64, dtype=torch.bfloat16), {}), (torch.zeros(64, 128, dtype=torch.bfloat16), {"nw": 16}),
+                   (torch.zeros(2, 64, dtype=torch.bfloat16), {}),
+                   (torch.zeros(64, 128, dtype=torch.bfloat16), {"nw": 16}),
                    (torch.zeros(2, 128, dtype=torch.bfloat16), {"ntb": 2})):  # 16 columns: no 2 tiles a block
         with pytest.raises(ValueError, match="mma_launch"):
             awq_mma.mma_launch(x, words, sz, {"nw": 4, "u": 2, **cfg})
@@ -110,12 +111,15 @@ def test_the_tuner_picks_the_faster_of_the_mma_kernel_and_the_kpack_path(fake_gp
     q, z, s = _layer(gen, 256, 32, 128)
     p = awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, 128, kpack=False, mma=True)
     fast = {"nw": 8, "u": 4}
-    costs = {"layout": 10e-6, **{f"mma{c['nw']}-{c['u']}-{c.get('ntb', 1)}": 12e-6 for c in awq_mma.mma_configs(32, 32)}}
-    costs[f"mma{fast['nw']}-{fast['u']}-1"] = 6e-6
+    def tag(c):
+        return f"mma{c['nw']}-{c['u']}-{c.get('ntb', 1)}"
+
+    costs = {"layout": 10e-6, **{tag(c): 12e-6 for c in awq_mma.mma_configs(32, 32)}}
+    costs[tag(fast)] = 6e-6
     gpu = fake_gpu(costs)
     out = torch.zeros(1, 32)
     monkeypatch.setattr(awq_configs, "ckpt_gemm", lambda *a: gpu.log.append("layout") or out)
-    monkeypatch.setattr(awq_mma, "mma_launch", lambda x, w, sz, c: gpu.log.append(f"mma{c['nw']}-{c['u']}-{c.get('ntb', 1)}") or out)
+    monkeypatch.setattr(awq_mma, "mma_launch", lambda x, w, sz, c: gpu.log.append(tag(c)) or out)
     x = torch.zeros(3, 256, dtype=torch.bfloat16)
     awq_configs.small_m_gemm(x, p)
     assert dispatch.chosen(awq_configs.MMA, awq_configs.shape_key(3, 32, 256, 128, torch.bfloat16)) == \
