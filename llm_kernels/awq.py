@@ -94,15 +94,19 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= awq_mma.MAX_M:
-        y = small_m_gemm(x2, p)
-    elif p.qk is not None:
-        if use_triton(x2, p.qk) and x2.shape[0]:
-            y = kpack_gemm(x2, p.qk, p.zeros_k, p.scales, p.group_size)
-        else:
-            w = kpack_dequantize_reference(p.qk, p.zeros_k, p.scales, p.group_size)
-            y = (x2.float() @ w).to(x2.dtype)
-    elif use_triton(x2, p.qweight, p.qzeros, p.scales) and x2.shape[0]:
-        y = ckpt_gemm(x2, p.qweight, p.qzeros, p.scales, p.group_size)
+        y = small_m_gemm(x2, p.words, p.sz, p.group_size, lambda xc: _without_mma(xc, p))
     else:
-        y = awq_gemm_reference(x2, p.qweight, p.qzeros, p.scales, p.group_size)
+        y = _without_mma(x2, p)
     return y.view(*lead, p.out_features)
+
+
+def _without_mma(x2, p: AWQPrepared) -> torch.Tensor:
+    """x2 [M, K] @ the layer on its kpack or checkpoint layout."""
+    if p.qk is not None:
+        if use_triton(x2, p.qk) and x2.shape[0]:
+            return kpack_gemm(x2, p.qk, p.zeros_k, p.scales, p.group_size)
+        w = kpack_dequantize_reference(p.qk, p.zeros_k, p.scales, p.group_size)
+        return (x2.float() @ w).to(x2.dtype)
+    if use_triton(x2, p.qweight, p.qzeros, p.scales) and x2.shape[0]:
+        return ckpt_gemm(x2, p.qweight, p.qzeros, p.scales, p.group_size)
+    return awq_gemm_reference(x2, p.qweight, p.qzeros, p.scales, p.group_size)

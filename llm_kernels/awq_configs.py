@@ -202,7 +202,7 @@ def kpack_gemm(x, qk, zeros, scales, group_size: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------
 # small M with the mma layout kept too (llm_kernels.awq_mma)
 
-OTHER_LAYOUT = {"kind": "layout"}  # the layer's other path: kpack (or the checkpoint layout's kernel)
+OTHER_LAYOUT = {"kind": "layout"}  # the layer's other path (awq_linear's: kpack, or the checkpoint layout's kernel)
 
 
 def small_m_configs(M: int, N: int) -> list:
@@ -211,20 +211,17 @@ def small_m_configs(M: int, N: int) -> list:
     return [OTHER_LAYOUT] + awq_mma.mma_configs(M, N)
 
 
-def small_m_gemm(x, p) -> torch.Tensor:
-    """x [M, K] bf16 (M <= awq_mma.MAX_M) @ an AWQPrepared layer holding the mma layout: the
-    tuner times the mma kernel's configs against the layer's other path, per shape."""
+def small_m_gemm(x, words, sz, group_size: int, other) -> torch.Tensor:
+    """x [M, K] bf16 (M <= awq_mma.MAX_M) @ a layer held in the mma layout (words, sz) and
+    another, which other(x) multiplies: the tuner times the mma kernel's configs against
+    that path, per shape."""
     x = x.contiguous()
     M, K = x.shape
+    N = words.shape[0] * 16
 
     def launch(cfg):
-        if cfg["kind"] == "mma":
-            return awq_mma.mma_launch(x, p.words, p.sz, cfg)
-        if p.qk is not None:
-            return kpack_gemm(x, p.qk, p.zeros_k, p.scales, p.group_size)
-        return ckpt_gemm(x, p.qweight, p.qzeros, p.scales, p.group_size)
+        return awq_mma.mma_launch(x, words, sz, cfg) if cfg["kind"] == "mma" else other(x)
 
-    N = p.out_features
-    cfg = autotune(MMA, shape_key(M, N, K, p.group_size, x.dtype), lambda: small_m_configs(M, N), launch,
-                   checked=(x.dtype, p.group_size), cold_l2_device=x.device)
+    cfg = autotune(MMA, shape_key(M, N, K, group_size, x.dtype), lambda: small_m_configs(M, N), launch,
+                   checked=(x.dtype, group_size), cold_l2_device=x.device)
     return launch(cfg)

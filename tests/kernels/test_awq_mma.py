@@ -109,8 +109,9 @@ def test_the_tuner_picks_the_faster_of_the_mma_kernel_and_the_kpack_path(fake_gp
     monkeypatch.setattr(dispatch, "_TUNED", {})
     gen = torch.Generator().manual_seed(3)
     q, z, s = _layer(gen, 256, 32, 128)
-    p = awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, 128, kpack=False, mma=True)
+    words, sz = awq_mma.mma_pack(q, z, s)
     fast = {"nw": 8, "u": 4}
+
     def tag(c):
         return f"mma{c['nw']}-{c['u']}-{c.get('ntb', 1)}"
 
@@ -118,17 +119,17 @@ def test_the_tuner_picks_the_faster_of_the_mma_kernel_and_the_kpack_path(fake_gp
     costs[tag(fast)] = 6e-6
     gpu = fake_gpu(costs)
     out = torch.zeros(1, 32)
-    monkeypatch.setattr(awq_configs, "ckpt_gemm", lambda *a: gpu.log.append("layout") or out)
+    other = lambda x: gpu.log.append("layout") or out  # noqa: E731 - the layer's kpack (or checkpoint) path
     monkeypatch.setattr(awq_mma, "mma_launch", lambda x, w, sz, c: gpu.log.append(tag(c)) or out)
     x = torch.zeros(3, 256, dtype=torch.bfloat16)
-    awq_configs.small_m_gemm(x, p)
+    awq_configs.small_m_gemm(x, words, sz, 128, other)
     assert dispatch.chosen(awq_configs.MMA, awq_configs.shape_key(3, 32, 256, 128, torch.bfloat16)) == \
         {"kind": "mma", **fast}
     costs["layout"] = 1e-6  # at another M bucket kpack (here the checkpoint kernel) is faster
-    awq_configs.small_m_gemm(torch.zeros(20, 256, dtype=torch.bfloat16), p)
+    awq_configs.small_m_gemm(torch.zeros(20, 256, dtype=torch.bfloat16), words, sz, 128, other)
     assert dispatch.chosen(awq_configs.MMA, awq_configs.shape_key(20, 32, 256, 128, torch.bfloat16)) == \
         awq_configs.OTHER_LAYOUT
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     gpu.log.clear()
-    awq_configs.small_m_gemm(torch.zeros(9, 256, dtype=torch.bfloat16), p)  # untuned bucket in a capture
+    awq_configs.small_m_gemm(torch.zeros(9, 256, dtype=torch.bfloat16), words, sz, 128, other)  # untuned, in a capture
     assert gpu.log == ["layout"]
