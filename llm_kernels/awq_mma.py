@@ -135,7 +135,7 @@ def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor) ->
     return y
 
 
-SOURCE = r"""
+HELPERS = r"""  // shared with benchmarks/w4a16_wide.py
 typedef unsigned int u32;
 
 __device__ __forceinline__ void ldg4(u32 (&r)[4], const void* p) {
@@ -162,7 +162,9 @@ __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+"""
 
+SOURCE = HELPERS + r"""
 extern "C" __global__ void __launch_bounds__(NW * 32)
 KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned short* __restrict__ X,
       unsigned short* __restrict__ Y, int M, int N, int K, int gshift) {

@@ -73,18 +73,22 @@ def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, mo
     dst = models.round_to_nearest_awq(src, str(tmp_path / "awq"), group=128)
     prompts = [{"prompt_token_ids": list(range(5 + i, 40 + 7 * i))} for i in range(6)]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
-    kpack = LLM(dst, device="cuda", dtype="bfloat16", num_kv_blocks=256).generate(prompts, params)
+    # 8 sequences at most: the default 256 captures and tunes graphs far past what 6 prompts
+    # need (alone on a fresh machine the test did not finish in 250 s, session 19)
+    kw = dict(device="cuda", dtype="bfloat16", num_kv_blocks=256, max_num_seqs=8)
+    kpack = LLM(dst, **kw).generate(prompts, params)
 
     calls = []
     launch = awq_mma.mma_launch
     monkeypatch.setattr(awq_mma, "mma_launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
     monkeypatch.setattr(awq_configs, "small_m_configs", lambda M, N: awq_mma.mma_configs(M, N)[:1])
     monkeypatch.setenv(awq_mma.ENV, "1")
-    mma = LLM(dst, device="cuda", dtype="bfloat16", num_kv_blocks=256).generate(prompts, params)
+    mma = LLM(dst, **kw).generate(prompts, params)
     assert calls  # the kernel ran (captured in the decode graphs, or eagerly)
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(kpack, mma))
     assert same >= 5, same  # bf16 sums in another order may flip a near tie
     for a, b in zip(kpack, mma):  # the prompts (35-70 tokens) prefill on kpack; every later token decodes on the kernel
         if a.outputs[0].token_ids == b.outputs[0].token_ids:
             for la, lb, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids):
-                assert abs(la[t].logprob - lb[t].logprob) < 5e-2
+                # bf16 logits of magnitude 8-16 round to steps of 1/16 (the H200 showed gaps up to 0.073)
+                assert abs(la[t].logprob - lb[t].logprob) < 0.15
