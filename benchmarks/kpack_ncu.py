@@ -1,9 +1,11 @@
-"""Hardware counters of the AWQ GEMM's configs on the device (Nsight Compute): where the
-warps of one launch stall, how full the SMs are, how busy DRAM and the tensor pipes are.
-The evidence K1's tuning cannot give: a time says how slow, the stall reasons say why.
+"""Hardware counters of the AWQ GEMM's configs on the device (Nsight Compute): the Triton
+kpack and gemv kernels, llm_kernels/awq_mma.py's CUDA kernel and benchmarks/w4a16_wide.py's
+variant. Where the warps of one launch stall, how full the SMs are, how busy DRAM and the
+tensor pipes are. The evidence K1's tuning cannot give: a time says how slow, the stall
+reasons say why.
 
 Run under ncu, which profiles only the launches between the profiler's start and stop
-(one kpack or gemv launch a case, its weights cold in L2: ncu flushes caches per replay):
+(one launch a case, its weights cold in L2: ncu flushes caches per replay):
 
     ncu --profile-from-start off --clock-control none --cache-control all \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
@@ -12,8 +14,11 @@ Run under ncu, which profiles only the launches between the profiler's start and
     python3 benchmarks/kpack_ncu.py --report $OUT/kpack.ncu-rep   # the summary table
 
 A case is (K, N, M, config): the tuner's picks of session 14 (benchmarks/results/kernels.json)
-at M = 1, 16, 64, 128 on the Qwen2.5-7B layers. The H200's counters of session 16 are in
-benchmarks/NOTES.md.
+at M = 1, 16, 64, 128 on the Qwen2.5-7B layers (cases 0-7; the H200's counters of session 16
+are in benchmarks/NOTES.md), then awq_mma's picks of session 19 at M = 8-64 and the wide
+variant at M = 64 (cases 8-15, not profiled yet: why the kernel stays near 0.6 of the floor
+on the large layers at M = 8, and why it falls behind cuBLAS from M = 32;
+`--cases 8,9,10,11,12,13,14,15`).
 """
 import argparse
 import csv
@@ -38,6 +43,15 @@ CASES = [
     (3584, 4608, 64, kpack_config(32, 128, swap=True)),
     (3584, 37888, 64, kpack_config(64, 128, swap=True)),
     (3584, 37888, 128, kpack_config(128, 128, warps=8, swap=True)),
+    # awq_mma (results/kernels.json and awq_mma.json, session 19): its picks, and its best M = 64 config
+    (3584, 37888, 8, {"kind": "mma", "nw": 8, "u": 2, "ntb": 2}),
+    (18944, 3584, 8, {"kind": "mma", "nw": 16, "u": 4}),
+    (3584, 4608, 16, {"kind": "mma", "nw": 8, "u": 4}),
+    (3584, 4608, 32, {"kind": "mma", "nw": 8, "u": 2, "ntb": 2}),
+    (3584, 4608, 64, {"kind": "mma", "nw": 4, "u": 2}),
+    (18944, 3584, 32, {"kind": "mma", "nw": 8, "u": 2, "ntb": 2}),
+    (18944, 3584, 64, {"kind": "mma", "nw": 8, "u": 2}),
+    (3584, 4608, 64, {"kind": "mma_wide", "wn": 4, "ntb": 1, "u": 1, "s": 3, "ks": 4}),
 ]
 
 # metric name -> short column
@@ -57,7 +71,8 @@ STALL = re.compile(r"smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\
 def run_cases(which) -> None:
     import torch
 
-    from llm_kernels import awq, awq_kpack
+    from benchmarks import w4a16_wide
+    from llm_kernels import awq, awq_kpack, awq_mma
     from llm_kernels.awq import pack_awq_int4
 
     gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -66,17 +81,23 @@ def run_cases(which) -> None:
         q = torch.randint(0, 16, (K, N), device="cuda", generator=gen, dtype=torch.int32)
         z = torch.randint(0, 16, (K // G, N), device="cuda", generator=gen, dtype=torch.int32)
         s = (torch.rand(K // G, N, device="cuda", generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
-        p = awq.awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, G)
         x = torch.randn((M, K), device="cuda", generator=gen).to(torch.bfloat16)
+        if cfg.get("kind") in ("mma", "mma_wide"):
+            words, sz = awq_mma.mma_pack(q, z, s)
+            fn = awq_mma.mma_launch if cfg["kind"] == "mma" else w4a16_wide.wide_launch
+            launch = (lambda f=fn, w=words, sc=sz, c=cfg: f(x, w, sc, c))
+        else:
+            p = awq.awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, G, mma=False)
+            launch = (lambda p=p, c=cfg: awq_kpack.launch(x, p.qk, p.zeros_k, p.scales, G, c))
         for _ in range(3):  # compile, and let the auto grid learn the programs resident per SM
-            awq_kpack.launch(x, p.qk, p.zeros_k, p.scales, G, cfg)
+            launch()
         torch.cuda.synchronize()
         print(f"case {i}: {K}x{N} M={M} {cfg}", flush=True)
         torch.cuda.profiler.start()
-        awq_kpack.launch(x, p.qk, p.zeros_k, p.scales, G, cfg)
+        launch()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
-        del q, z, s, p
+        del q, z, s, launch
 
 
 def summary(report: str) -> str:
