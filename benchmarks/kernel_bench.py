@@ -132,7 +132,7 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             sets.append((pack_awq_int4(q), pack_awq_int4(qz), sc))
             peer_sets.append(int4_peers.build(gemlite, q, qz, sc, G) if int4_peers_too else {})
             del q, qz
-        prepared = [awq.awq_prepare(*st, G) for st in sets]  # the engine's path: the K-packed layout
+        prepared = [awq.awq_prepare(*st, G) for st in sets]  # the engine's path: kpack (LLM_KERNELS_AWQ_MMA aside)
         dense = [llm_kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
         ref_w = llm_kernels.awq_dequantize(*sets[0], G, dtype=torch.float32)
         large = N == 37888 or K == 18944
@@ -158,6 +158,8 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             small = chosen_config(MMA, M, N, K, G, torch.bfloat16)  # LLM_KERNELS_AWQ_MMA=1: mma kernel or kpack
             if small is not None and small.get("kind") == "mma":
                 cfg = small
+            elif prepared[0].qk is None and prepared[0].qweight is None:  # =small: the mma layout alone
+                cfg = {"kind": "mma layout dequantized, then cuBLAS"}
             # the tuner's times, each net of its L2 flush
             cands = [[str(c), t * 1e6] for c, t in TIMINGS.get((KPACK,) + shape_key(M, N, K, G, torch.bfloat16), [])]
             rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,

@@ -318,11 +318,12 @@ def e1_rows(args, bw, peak, table, raw):
         raw["E1-fp8kv"] = run_engine_workload("E1-fp8kv", QWEN25_7B, args.concurrency, args.requests_per_client,
                                               args.prompt_len, args.output_len, bw, peak, peers,
                                               kv_cache_dtype="fp8")
-    if args.awq_mma_too:  # the engine loads with the mma layout kept (awq_prepare reads the variable)
-        os.environ["LLM_KERNELS_AWQ_MMA"] = "1"
+    for mode in ([] if args.awq_mma_too is None else args.awq_mma_too or ["1"]):
+        os.environ["LLM_KERNELS_AWQ_MMA"] = mode  # the engine's layers take it at load (awq_prepare)
         try:
-            raw["E1-mma"] = run_engine_workload("E1-mma", QWEN25_7B, args.concurrency, args.requests_per_client,
-                                                args.prompt_len, args.output_len, bw, peak, peers)
+            raw[f"E1-mma-{mode}"] = run_engine_workload(f"E1-mma-{mode}", QWEN25_7B, args.concurrency,
+                                                        args.requests_per_client, args.prompt_len, args.output_len,
+                                                        bw, peak, peers)
         finally:
             os.environ.pop("LLM_KERNELS_AWQ_MMA")
     if args.sync_too:
@@ -332,13 +333,14 @@ def e1_rows(args, bw, peak, table, raw):
         raw["E1-eager"] = run_engine_workload("E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client,
                                               args.prompt_len, args.output_len, bw, peak, peers, eager=True,
                                               profile=False)
-    for key in [k for k in ("E1", "E1-mma", "E1-sync", "E1-fp8", "E1-bf16", "E1-fp8kv", "E1-eager") if k in raw]:
+    for key in [k for k in ("E1", "E1-mma-1", "E1-mma-small", "E1-sync", "E1-fp8", "E1-bf16", "E1-fp8kv", "E1-eager")
+                if k in raw]:
         fmt = {"E1-fp8": "FP8", "E1-bf16": "bf16"}.get(key, "AWQ")
         for r in raw[key]:
             table.append({"id": "E1", "case": f"Qwen2.5-7B-{fmt} c={r['concurrency']} n={r['requests']}"
                           + (" eager" if r["eager"] else "") + (" fp8 KV" if key == "E1-fp8kv" else "")
                           + (" synchronous steps" if key == "E1-sync" else "")
-                          + (" mma kernel (LLM_KERNELS_AWQ_MMA=1)" if key == "E1-mma" else ""),
+                          + (f" LLM_KERNELS_AWQ_MMA={key[7:]}" if key.startswith("E1-mma-") else ""),
                           "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.65,
                           "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
                           "target_peer": 11 if r["concurrency"] == 50 else 25,
@@ -359,8 +361,9 @@ def main():
                     help="also run E1 with async_scheduling off (every step waits for its samples)")
     ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
     ap.add_argument("--fp8-kv-too", action="store_true", help="also run E1 with kv_cache_dtype=fp8")
-    ap.add_argument("--awq-mma-too", action="store_true",
-                    help="also run E1 with LLM_KERNELS_AWQ_MMA=1 (llm_kernels/awq_mma.py's kernel at M <= 32)")
+    ap.add_argument("--awq-mma-too", nargs="*", choices=["1", "small"], default=None, metavar="MODE",
+                    help="also run E1 with LLM_KERNELS_AWQ_MMA set to each MODE (default 1): 1 keeps "
+                         "llm_kernels/awq_mma.py's layout beside kpack, small keeps it alone on the small layers")
     ap.add_argument("--e1-weights", nargs="+", default=["awq"], choices=list(WEIGHTS),
                     help="E1's weight formats, each its own run (awq always runs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))

@@ -6,7 +6,8 @@ llm_kernels.awq_ckpt on CUDA and under the interpreter; the reference otherwise)
 `awq_prepare` / `awq_linear` are the engine-facing API: on CUDA the weight is
 repacked once into the K-packed layout of llm_kernels.awq_kpack, the engine's
 decode path; with LLM_KERNELS_AWQ_MMA=1 also into llm_kernels.awq_mma's layout,
-whose CUDA C++ kernel the tuner may pick for bf16 at M <= 32.
+whose CUDA C++ kernel the tuner may pick for bf16 at M <= 32; with LLM_KERNELS_AWQ_MMA=small
+the small bf16 layers into that layout only.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -17,6 +18,7 @@ from llm_kernels import awq_mma
 from llm_kernels.awq_configs import ckpt_gemm, kpack_gemm, small_m_gemm
 from llm_kernels.awq_format import awq_dequantize, awq_gemm_reference, check_awq_shapes, pack_awq_int4, unpack_awq_int4
 from llm_kernels.awq_kpack import ROWS, kpack_dequantize_reference, kpack_from_awq
+from llm_kernels.awq_mma_dequant import mma_dequantize
 from llm_kernels.dispatch import use_triton
 from llm_kernels.workspace import workspace
 
@@ -43,7 +45,8 @@ class AWQPrepared:
     stripes of S columns and `zeros_k` int16 [K/G, N]; the checkpoint's qweight/qzeros are then
     dropped); otherwise the checkpoint tensors (contiguous) for the kernels of
     llm_kernels.awq_ckpt. With the mma layout (llm_kernels.awq_mma) also `words`
-    int32 [N/16, K/64, 32, 4] and `sz` bf16 [N/16, K/G, 8, 4]."""
+    int32 [N/16, K/64, 32, 4] and `sz` bf16 [N/16, K/G, 8, 4]; held in that layout alone,
+    qk, qweight and qzeros are None."""
 
     qweight: Optional[torch.Tensor]
     qzeros: Optional[torch.Tensor]
@@ -58,25 +61,35 @@ class AWQPrepared:
 
 
 def awq_prepare(qweight, qzeros, scales, group_size: int, kpack: Optional[bool] = None,
-                mma: Optional[bool] = None) -> AWQPrepared:
+                mma: Optional[bool] = None, mma_only: Optional[bool] = None) -> AWQPrepared:
     """Check and hold a layer's checkpoint tensors for awq_linear (call once at
     load time, outside graph capture: it also reserves the split-K workspace).
-    kpack (default: on CUDA when K divides by 128) repacks the weight. mma (default:
-    LLM_KERNELS_AWQ_MMA=1 on a GPU that runs llm_kernels.awq_mma's kernel, for the
-    layers its layout fits) also keeps that layout, one more copy of the 4-bit weights."""
+    kpack (default: on CUDA when K divides by 128) repacks the weight. mma also keeps
+    llm_kernels.awq_mma's layout, and mma_only keeps that layout alone (no kpack, no
+    checkpoint copy). Their default (llm_kernels.awq_mma.mode, LLM_KERNELS_AWQ_MMA) applies on
+    a GPU that runs that kernel, to the layers its layout fits: "1" both layouts, "small"
+    the mma layout alone for small bf16 layers."""
     K, N8 = qweight.shape
     check_awq_shapes(K, N8, qzeros, scales, group_size, "awq_prepare")
     p = AWQPrepared(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), group_size, K, N8 * 8)
-    if kpack is None:
-        kpack = qweight.is_cuda and K % ROWS == 0
     fits = awq_mma.layout_fits(K, N8 * 8, group_size)
-    if mma is None:
-        mma = awq_mma.enabled() and fits and awq_mma.runs_on(qweight.device)
-    elif mma and not fits:
+    if mma is None and mma_only is None:
+        how = awq_mma.mode()
+        if how != "0" and fits and awq_mma.runs_on(qweight.device):
+            mma, mma_only = awq_mma.layout_choice(K, N8 * 8, scales.dtype, how)
+    mma_only = bool(mma_only)
+    mma = bool(mma) or mma_only
+    if mma and not fits:
         raise ValueError(f"awq_prepare: the mma layout needs K by 64, N by 16 and a group of 64 x 2^i "
                          f"dividing K; got K={K}, N={N8 * 8}, group {group_size}")
+    if kpack is None:
+        kpack = qweight.is_cuda and K % ROWS == 0 and not mma_only
+    elif kpack and mma_only:
+        raise ValueError("awq_prepare: mma_only keeps the mma layout alone; kpack=True contradicts it")
     if mma:
         p.words, p.sz = awq_mma.mma_from_awq(p.qweight, p.qzeros, p.scales, group_size)
+    if mma_only:
+        p.qweight = p.qzeros = None
     if kpack:
         p.qk, p.zeros_k = kpack_from_awq(p.qweight, p.qzeros, group_size)
         p.qweight = p.qzeros = None
@@ -93,7 +106,9 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
         raise ValueError(f"awq_linear: x has K={K}, the layer {p.in_features}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
-    if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= awq_mma.MAX_M:
+    # the kernel up to MAX_M tokens beside another layout; alone, up to its own limit
+    limit = awq_mma.KERNEL_MAX_M if p.qk is None and p.qweight is None else awq_mma.MAX_M
+    if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= limit:
         y = small_m_gemm(x2, p.words, p.sz, p.group_size, lambda xc: _without_mma(xc, p))
     else:
         y = _without_mma(x2, p)
@@ -101,7 +116,12 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
 
 
 def _without_mma(x2, p: AWQPrepared) -> torch.Tensor:
-    """x2 [M, K] @ the layer on its kpack or checkpoint layout."""
+    """x2 [M, K] @ the layer on its kpack or checkpoint layout, or, held in the mma layout
+    alone, on that layout dequantized (then cuBLAS on CUDA)."""
+    if p.qk is None and p.qweight is None:
+        if use_triton(x2, p.words):
+            return x2 @ mma_dequantize(p.words, p.sz, x2.dtype)
+        return (x2.float() @ awq_mma.mma_dequantize_reference(p.words, p.sz)).to(x2.dtype)
     if p.qk is not None:
         if use_triton(x2, p.qk) and x2.shape[0]:
             return kpack_gemm(x2, p.qk, p.zeros_k, p.scales, p.group_size)

@@ -1,9 +1,11 @@
 """AWQ W4A16 for small M on CUDA in CUDA C++ (issue 20): the "mma" layout, made once at
 load time beside the kpack one, and its kernel, compiled at run time by NVRTC
 (`torch.cuda._compile_kernel`, no nvcc in the image) for any sm_80+ GPU (Ampere, Ada,
-Hopper: mma.sync only). Opt-in (LLM_KERNELS_AWQ_MMA=1, llm_kernels.awq.awq_prepare): the
-layer then holds its 4-bit weights twice, and for M <= MAX_M the tuner picks per shape
-between this kernel's configs and the kpack kernel (benchmarks/NOTES.md, session 18).
+Hopper: mma.sync only). Opt-in (LLM_KERNELS_AWQ_MMA, llm_kernels.awq.awq_prepare): with "1"
+the layer holds its 4-bit weights twice, and for M <= MAX_M the tuner picks per shape
+between this kernel's configs and the kpack kernel (benchmarks/NOTES.md, session 18); with
+"small" the small bf16 layers hold this layout alone, the kernel taking M <= KERNEL_MAX_M and
+llm_kernels.awq_mma_dequant + cuBLAS the rest.
 
 Why (benchmarks/w4a16_cuda_proto.py on the H200): at M <= 16 the Triton kpack kernel
 issues on under half the cycles and round-trips the weights through shared memory; here
@@ -39,11 +41,34 @@ NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # fragment element e -> its nibble: e / 2 + 4
 CONFIGS = [(nw, u, 1) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
     [(nw, u, ntb) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)]
 ENV = "LLM_KERNELS_AWQ_MMA"
+MODES = ("0", "1", "small")
+# "small": layers of at most this many weights keep the mma layout alone (no kpack copy). On the
+# H200 the kernel is 1.4-1.8x kpack on Qwen2.5-7B's qkv and o (16.5M and 12.8M weights) and
+# 1.03-1.11x on its two large layers, at M <= 8 only (benchmarks/NOTES.md, session 19)
+SMALL_WEIGHTS = 1 << 25
+
+
+def mode() -> str:
+    """LLM_KERNELS_AWQ_MMA: "0" (the default) no mma layout; "1" every layer it fits keeps it
+    beside kpack (one more copy of the 4-bit weights); "small" bf16 layers of at most
+    SMALL_WEIGHTS weights keep it instead of kpack (no extra memory), the others kpack only."""
+    value = os.environ.get(ENV, "0").strip() or "0"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(MODES)}")
+    return value
 
 
 def enabled() -> bool:
-    """The opt-in: keep the mma layout beside kpack (one more copy of the 4-bit weights)."""
-    return os.environ.get(ENV, "0") == "1"
+    """The opt-in of mode "1": keep the mma layout beside kpack."""
+    return mode() == "1"
+
+
+def layout_choice(K: int, N: int, dtype, how: str) -> tuple:
+    """(keep the mma layout, keep it alone) for a K x N layer of dtype under mode `how`."""
+    if how == "1":
+        return True, False
+    small = how == "small" and K * N <= SMALL_WEIGHTS and dtype == torch.bfloat16
+    return small, small
 
 
 def layout_fits(K: int, N: int, group_size: int) -> bool:

@@ -94,7 +94,7 @@ class AWQ(QuantMethod):
     def finalize(self, layer) -> None:
         if layer.qweight.is_cuda:
             layer.prepared = llm_kernels.awq_prepare(layer.qweight, layer.qzeros, layer.scales, self.group_size)
-            if layer.prepared.qk is not None:  # repacked: the checkpoint copy is not needed any more
+            if layer.prepared.qweight is None:  # repacked: the checkpoint copy is not needed any more
                 layer.qweight = torch.empty(0, dtype=torch.int32, device=layer.qweight.device)
                 layer.qzeros = torch.empty(0, dtype=torch.int32, device=layer.qzeros.device)
         elif not llm_kernels.use_triton(layer.qweight):

@@ -1,8 +1,8 @@
 """llm_kernels.awq_mma on CUDA: the CUDA C++ kernel (NVRTC) equals x @ dequant(w) at
 Qwen2.5-7B's layer shapes for every config and M up to 64, groups 128 and 64; awq_linear
 with the mma layout kept (LLM_KERNELS_AWQ_MMA) agrees with the reference across the cut-over
-and replays from a CUDA graph; an AWQ engine whose decode GEMMs run the kernel generates
-what the kpack engine does."""
+and replays from a CUDA graph, and so does a layer held in that layout alone ("small"); an
+AWQ engine whose decode GEMMs run the kernel generates what the kpack engine does."""
 import pytest
 import torch
 
@@ -62,9 +62,38 @@ def test_awq_linear_with_the_mma_layout_across_the_cut_over_and_in_a_graph(monke
     assert _rel(y, x.float() @ w) < 1e-2
 
 
-def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, monkeypatch):
+def test_a_layer_in_the_mma_layout_alone(monkeypatch):
+    """LLM_KERNELS_AWQ_MMA=small's layers: the kernel up to 64 tokens, the dequantized layout
+    (llm_kernels.awq_mma_dequant, exact in bf16) and cuBLAS above, and from a CUDA graph."""
+    from llm_kernels.awq_mma_dequant import mma_dequantize
+
+    K, N, G = 3584, 4608, 128
+    qw, qz, s = _layer(K, N, G, seed=9)
+    p = awq_prepare(qw, qz, s, G, mma_only=True)
+    assert p.words is not None and p.qk is None and p.qweight is None
+    w = awq_mma.mma_dequantize_reference(p.words, p.sz)
+    assert torch.equal(mma_dequantize(p.words, p.sz, torch.bfloat16), w.to(torch.bfloat16))
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for M in (1, 8, 32, 33, 48, 64, 65, 300):
+        x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+        assert _rel(awq_linear(x, p), x.float() @ w) < 1e-2, M
+    for M in (48, 100):  # the kernel, and the dequantized layout, replayed
+        x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+        awq_linear(x, p)  # tuned outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = awq_linear(x, p)
+        x.copy_(torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(y, x.float() @ w) < 1e-2, M
+
+
+@pytest.mark.parametrize("mode", ["1", "small"])
+def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, monkeypatch, mode):
     """bf16 (the kernel's dtype), CUDA graphs on; only mma configs are candidates, so every
-    layer of a decode step with up to 32 tokens runs the kernel."""
+    layer of a decode step with up to 32 tokens runs the kernel. "small": the test model's
+    layers are all small, so they hold the mma layout alone (prefill on the dequantized one)."""
     from engine import LLM, SamplingParams
     from tests import models
 
@@ -82,7 +111,7 @@ def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, mo
     launch = awq_mma.mma_launch
     monkeypatch.setattr(awq_mma, "mma_launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
     monkeypatch.setattr(awq_configs, "small_m_configs", lambda M, N: awq_mma.mma_configs(M, N)[:1])
-    monkeypatch.setenv(awq_mma.ENV, "1")
+    monkeypatch.setenv(awq_mma.ENV, mode)
     mma = LLM(dst, **kw).generate(prompts, params)
     assert calls  # the kernel ran (captured in the decode graphs, or eagerly)
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(kpack, mma))

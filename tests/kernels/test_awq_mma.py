@@ -133,3 +133,65 @@ def test_the_tuner_picks_the_faster_of_the_mma_kernel_and_the_kpack_path(fake_gp
     gpu.log.clear()
     awq_configs.small_m_gemm(torch.zeros(9, 256, dtype=torch.bfloat16), words, sz, 128, other)  # untuned, in a capture
     assert gpu.log == ["layout"]
+
+
+# ----------------------------------------------------------------------------
+# a layer in the mma layout alone (LLM_KERNELS_AWQ_MMA=small)
+
+
+@pytest.mark.parametrize("K, N, G", [(256, 32, 128), (384, 48, 64), (512, 16, 256)])
+def test_the_dequant_kernel_undoes_the_layout(K, N, G, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from llm_kernels.awq_mma_dequant import mma_dequantize
+
+    gen = torch.Generator().manual_seed(K + N)
+    words, sz = awq_mma.mma_pack(*_layer(gen, K, N, G))
+    ref = awq_mma.mma_dequantize_reference(words, sz)
+    torch.testing.assert_close(mma_dequantize(words, sz, torch.float32), ref, rtol=0, atol=0)
+    # bf16: the interpreter's float32 -> bf16 cast truncates where the GPU rounds to nearest
+    # (tests/gpu/test_awq_mma_gpu.py checks it exact): within one bf16 step here
+    torch.testing.assert_close(mma_dequantize(words, sz, torch.bfloat16).float(), ref, rtol=2 ** -7, atol=0)
+
+
+def test_the_mode_and_which_layers_keep_the_layout(monkeypatch):
+    monkeypatch.delenv(awq_mma.ENV, raising=False)
+    assert awq_mma.mode() == "0" and not awq_mma.enabled()
+    for value in ("1", "small", "0"):
+        monkeypatch.setenv(awq_mma.ENV, value)
+        assert awq_mma.mode() == value
+    monkeypatch.setenv(awq_mma.ENV, "yes")
+    with pytest.raises(ValueError, match="LLM_KERNELS_AWQ_MMA='yes'"):
+        awq_mma.mode()
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert awq_mma.layout_choice(3584, 4608, bf16, "small") == (True, True)  # Qwen2.5-7B's qkv: alone
+    assert awq_mma.layout_choice(3584, 37888, bf16, "small") == (False, False)  # gate_up: kpack only
+    assert awq_mma.layout_choice(3584, 4608, fp16, "small") == (False, False)  # the kernel takes bf16 only
+    assert awq_mma.layout_choice(3584, 37888, fp16, "1") == (True, False)  # "1": beside kpack, every layer
+    assert awq_mma.layout_choice(64, 16, bf16, "0") == (False, False)
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_a_layer_in_the_mma_layout_alone_multiplies_at_every_m(interpret, monkeypatch):
+    """On the CPU the product goes through the dequantized layout (the Triton dequant kernel under
+    the interpreter, else the reference); on CUDA the kernel takes M <= 64 (the GPU tests)."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    gen = torch.Generator().manual_seed(5)
+    q, z, s = _layer(gen, 256, 32, 128)
+    qw, qz = pack_awq_int4(q), pack_awq_int4(z)
+    p = awq_prepare(qw, qz, s, 128, mma_only=True)
+    assert p.words is not None and p.qk is None and p.qweight is None and p.qzeros is None
+    for M in (1, 33, 70):
+        x = torch.randn(M, 256, generator=gen)
+        ref = awq_gemm_reference(x, qw, qz, s, 128)
+        torch.testing.assert_close(awq_linear(x, p), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="mma_only"):
+        awq_prepare(qw, qz, s, 128, kpack=True, mma_only=True)
+
+
+def test_small_mode_leaves_a_layer_on_the_cpu_as_it_was(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(awq_mma.ENV, "small")
+    gen = torch.Generator().manual_seed(6)
+    q, z, s = _layer(gen, 256, 32, 128)
+    p = awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, 128)
+    assert p.words is None and p.qweight is not None  # the kernel does not run here: the checkpoint layout
