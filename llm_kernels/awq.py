@@ -77,6 +77,8 @@ def awq_prepare(qweight, qzeros, scales, group_size: int, kpack: Optional[bool] 
         how = awq_mma.mode()
         if how != "0" and fits and awq_mma.runs_on(qweight.device):
             mma, mma_only = awq_mma.layout_choice(K, N8 * 8, scales.dtype, how)
+    if mma is False and mma_only:
+        raise ValueError("awq_prepare: mma_only keeps the mma layout; mma=False contradicts it")
     mma_only = bool(mma_only)
     mma = bool(mma) or mma_only
     if mma and not fits:

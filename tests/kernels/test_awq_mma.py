@@ -184,8 +184,9 @@ def test_a_layer_in_the_mma_layout_alone_multiplies_at_every_m(interpret, monkey
         x = torch.randn(M, 256, generator=gen)
         ref = awq_gemm_reference(x, qw, qz, s, 128)
         torch.testing.assert_close(awq_linear(x, p), ref, rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="mma_only"):
-        awq_prepare(qw, qz, s, 128, kpack=True, mma_only=True)
+    for contradiction in ({"kpack": True}, {"mma": False}):
+        with pytest.raises(ValueError, match="mma_only"):
+            awq_prepare(qw, qz, s, 128, mma_only=True, **contradiction)
 
 
 def test_small_mode_leaves_a_layer_on_the_cpu_as_it_was(monkeypatch):
