@@ -207,8 +207,10 @@ OTHER_LAYOUT = {"kind": "layout"}  # the layer's other path (awq_linear's: kpack
 
 def small_m_configs(M: int, N: int) -> list:
     """The layer's other path first (the one taken inside a capture before the shape was
-    tuned), then the mma kernel's configs."""
-    return [OTHER_LAYOUT] + awq_mma.mma_configs(M, N)
+    tuned), then the mma kernel's configs that launch at every M of M's tuning bucket (its
+    choice serves them all: a config whose partial sums fit shared memory at 17 tokens may
+    not at 32)."""
+    return [OTHER_LAYOUT] + awq_mma.mma_configs(next_pow2(M), N)
 
 
 def small_m_gemm(x, words, sz, group_size: int, other) -> torch.Tensor:

@@ -196,3 +196,16 @@ def test_small_mode_leaves_a_layer_on_the_cpu_as_it_was(monkeypatch):
     q, z, s = _layer(gen, 256, 32, 128)
     p = awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, 128)
     assert p.words is None and p.qweight is not None  # the kernel does not run here: the checkpoint layout
+
+
+def test_a_buckets_candidates_launch_at_every_m_of_the_bucket():
+    """The tuner keeps one choice per power-of-two bucket of M (awq_configs.shape_key): a config
+    chosen at 17 tokens must launch at 32 too (8 warps x 4 tiles fits shared memory at 3 token
+    tiles, not at 4), and at 33 as at 64 for a layer held in the mma layout alone."""
+    for N in (16, 64, 4608):
+        for M in range(1, awq_mma.KERNEL_MAX_M + 1):
+            bucket = [m for m in range(1, awq_mma.KERNEL_MAX_M + 1) if dispatch.next_pow2(m) == dispatch.next_pow2(M)]
+            for cfg in awq_configs.small_m_configs(M, N)[1:]:
+                assert all(awq_mma.fits(cfg["nw"], -(-m // 8), cfg.get("ntb", 1)) for m in bucket), (M, N, cfg)
+    assert awq_mma.fits(8, 3, 4) and not awq_mma.fits(8, 4, 4)  # the case above: in mma_configs(17), not in (32)
+    assert {"kind": "mma", "nw": 8, "u": 2, "ntb": 4} in awq_mma.mma_configs(17, 64)
