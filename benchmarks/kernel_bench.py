@@ -158,7 +158,7 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             small = chosen_config(MMA, M, N, K, G, torch.bfloat16)  # LLM_KERNELS_AWQ_MMA=1: mma kernel or kpack
             if small is not None and small.get("kind") == "mma":
                 cfg = small
-            elif prepared[0].qk is None and prepared[0].qweight is None:  # =small: the mma layout alone
+            elif prepared[0].mma_only:  # LLM_KERNELS_AWQ_MMA=small's layers
                 cfg = {"kind": "mma layout dequantized, then cuBLAS"}
             # the tuner's times, each net of its L2 flush
             cands = [[str(c), t * 1e6] for c, t in TIMINGS.get((KPACK,) + shape_key(M, N, K, G, torch.bfloat16), [])]

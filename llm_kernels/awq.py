@@ -59,6 +59,11 @@ class AWQPrepared:
     words: Optional[torch.Tensor] = None
     sz: Optional[torch.Tensor] = None
 
+    @property
+    def mma_only(self) -> bool:
+        """Held in the mma layout alone (LLM_KERNELS_AWQ_MMA=small's layers)."""
+        return self.qk is None and self.qweight is None
+
 
 def awq_prepare(qweight, qzeros, scales, group_size: int, kpack: Optional[bool] = None,
                 mma: Optional[bool] = None, mma_only: Optional[bool] = None) -> AWQPrepared:
@@ -109,7 +114,7 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     # the kernel up to MAX_M tokens beside another layout; alone, up to its own limit
-    limit = awq_mma.KERNEL_MAX_M if p.qk is None and p.qweight is None else awq_mma.MAX_M
+    limit = awq_mma.KERNEL_MAX_M if p.mma_only else awq_mma.MAX_M
     if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= limit:
         y = small_m_gemm(x2, p.words, p.sz, p.group_size, lambda xc: _without_mma(xc, p))
     else:
@@ -120,7 +125,7 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
 def _without_mma(x2, p: AWQPrepared) -> torch.Tensor:
     """x2 [M, K] @ the layer on its kpack or checkpoint layout, or, held in the mma layout
     alone, on that layout dequantized (then cuBLAS on CUDA)."""
-    if p.qk is None and p.qweight is None:
+    if p.mma_only:
         if use_triton(x2, p.words):
             return x2 @ mma_dequantize(p.words, p.sz, x2.dtype)
         return (x2.float() @ awq_mma.mma_dequantize_reference(p.words, p.sz)).to(x2.dtype)

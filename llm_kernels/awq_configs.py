@@ -214,9 +214,9 @@ def small_m_configs(M: int, N: int) -> list:
 
 
 def small_m_gemm(x, words, sz, group_size: int, other) -> torch.Tensor:
-    """x [M, K] bf16 (M <= awq_mma.MAX_M) @ a layer held in the mma layout (words, sz) and
-    another, which other(x) multiplies: the tuner times the mma kernel's configs against
-    that path, per shape."""
+    """x [M, K] bf16 (M <= awq_mma.KERNEL_MAX_M) @ a layer held in the mma layout (words, sz),
+    which other(x) multiplies another way (its kpack or checkpoint layout, or the mma layout
+    dequantized): the tuner times the mma kernel's configs against that path, per shape."""
     x = x.contiguous()
     M, K = x.shape
     N = words.shape[0] * 16
