@@ -16,7 +16,7 @@ Run under ncu, which profiles only the launches between the profiler's start and
 A case is (K, N, M, config): the tuner's picks of session 14 (benchmarks/results/kernels.json)
 at M = 1, 16, 64, 128 on the Qwen2.5-7B layers (cases 0-7; the H200's counters of session 16
 are in benchmarks/NOTES.md), then awq_mma's picks of session 19 at M = 8-64 and the wide
-variant at M = 64 (cases 8-15, not profiled yet: why the kernel stays near 0.6 of the floor
+variant at M = 64 (cases 8-15; 8 and 11-14 profiled in session 20, benchmarks/NOTES.md: why the kernel stays near 0.6 of the floor
 on the large layers at M = 8, and why it falls behind cuBLAS from M = 32;
 `--cases 8,9,10,11,12,13,14,15`).
 """

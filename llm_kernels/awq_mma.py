@@ -24,6 +24,10 @@ contiguous values at 16t, two 128-bit loads. Scales and zeros: one 64-bit load a
 group, (s_g, s_g+8, -(128 + z_g), -(128 + z_g+8)). Each 16-column tile is one block; its
 warps split K and add their fragments in shared memory at the end. A block may take 2 or 4
 neighbouring tiles (NTB), each chunk's activations then loaded once for all of them.
+The SC configs (up to SC_MAX_MT token tiles) skip the scale in the fragments: one LOP3 and
+one bf16x2 op make q - z (exact), the MMAs sum a group's products in float32 registers, and
+the group's scales multiply those sums once (the product of the float32 weights, closer to
+the reference than bf16-rounded ones).
 """
 import math
 import os
@@ -38,8 +42,15 @@ KERNEL_MAX_M = 64  # the kernel's own limit: 8 token tiles of 8 a block
 NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # fragment element e -> its nibble: e / 2 + 4 (e % 2)
 # (warps a block, chunks loaded ahead, 16-column tiles a block): 2 or 4 tiles share each
 # activation load (on the H200: 3584x37888 at M = 16-32 from 0.80-0.82x kpack to 0.91-1.03x)
-CONFIGS = [(nw, u, 1) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
-    [(nw, u, ntb) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)]
+CONFIGS = [(nw, u, 1, 0) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
+    [(nw, u, ntb, 0) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)] + \
+    [(nw, u, ntb, 1) for nw, u, ntb in ((4, 2, 1), (8, 2, 1), (8, 4, 1), (16, 2, 1), (16, 4, 1), (4, 2, 2), (8, 2, 2),
+                                        (8, 4, 2), (4, 2, 4), (8, 2, 4))]
+# (..., SC = 1): the scales applied to each group's float32 sums instead of each weight pair
+# (one bf16x2 op a pair instead of two, and one LOP3 instead of two: on sm_90 the main loop
+# issued 7.4 instructions a weight pair at M = 8, 3.8 of them integer, benchmarks/mma_sass.py);
+# the group sums cost MT x NTB x 4 registers, so up to SC_MAX_MT token tiles
+SC_MAX_MT = 4
 ENV = "LLM_KERNELS_AWQ_MMA"
 MODES = ("0", "1", "small")
 # "small": layers of at most this many weights keep the mma layout alone (no kpack copy). On the
@@ -127,10 +138,11 @@ def mma_dequantize_reference(words: torch.Tensor, sz: torch.Tensor) -> torch.Ten
     return (q - z.repeat_interleave(G, 0)) * s.repeat_interleave(G, 0)
 
 
-def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, sc: bool = False) -> torch.Tensor:
     """What the kernel computes, read the way its lanes read (the fragments' registers, the
-    permuted activations, bf16 dequant; float32 on the CPU): y [M, N]. Tests check the
-    layout with it; the CUDA kernel itself runs on a GPU only."""
+    permuted activations, bf16 dequant; float32 on the CPU): y [M, N]. sc: the SC configs'
+    arithmetic (the fragments hold q - z, each group's float32 sums times its scales). Tests
+    check the layout with it; the CUDA kernel itself runs on a GPU only."""
     NT, KC = words.shape[:2]
     M, N, KG = x.shape[0], NT * 16, sz.shape[1]
     grp = torch.arange(KC) // (KC // KG)  # each chunk's group
@@ -139,6 +151,7 @@ def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor) ->
     y = torch.zeros(M, N, dtype=torch.float32)
     a = torch.zeros(NT, KC, 4, 16, 16)  # the A tiles: [row n, col k] of each chunk's four steps
     w = words.to(torch.int64) & 0xFFFFFFFF
+    scaled_sums = sc
     s, nz = sz[..., :2].float(), sz[..., 2:].float()  # [NT, KG, 8, 2]
     for reg in range(4):  # the PTX fragment's registers: rows g (0, 2) or g + 8 (1, 3), cols + 8 for 2, 3
         for half in range(2):
@@ -146,8 +159,10 @@ def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor) ->
             row, col = g + 8 * (reg & 1), 2 * t + half + 8 * (reg >> 1)
             sc = s[:, grp][:, :, g, reg & 1]  # [NT, KC, 32]
             zz = nz[:, grp][:, :, g, reg & 1]
-            val = (nib.float() + 128 + zz[..., None]).to(torch.bfloat16).float() * sc[..., None]
-            a[:, :, :, row, col] = val.to(torch.bfloat16).float().permute(0, 1, 3, 2)
+            val = (nib.float() + 128 + zz[..., None]).to(torch.bfloat16).float()
+            if not scaled_sums:
+                val = (val * sc[..., None]).to(torch.bfloat16).float()
+            a[:, :, :, row, col] = val.permute(0, 1, 3, 2)
     for m in range(M):
         xs = x[m].float().view(KC, 4, 16)  # chunk, t, the lane's 16 values
         b = torch.zeros(KC, 4, 16)  # [chunk, step j, col k]
@@ -156,7 +171,11 @@ def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor) ->
                 for r in range(2):
                     for half in range(2):
                         b[:, j, 2 * tt + half + 8 * r] = xs[:, tt, 4 * j + 2 * r + half]
-        y[m] = torch.einsum("nkjrc,kjc->nr", a, b).reshape(N)
+        if scaled_sums:  # each chunk's sums (a group holds whole chunks) times its group's scales, rows g and g + 8
+            rows = s[:, grp].permute(0, 1, 3, 2).reshape(NT, KC, 16)
+            y[m] = (torch.einsum("nkjrc,kjc->nkr", a, b) * rows).sum(1).reshape(N)
+        else:
+            y[m] = torch.einsum("nkjrc,kjc->nr", a, b).reshape(N)
     return y
 
 
@@ -181,6 +200,14 @@ __device__ __forceinline__ u32 dq(u32 w, int sh, u32 s2, u32 nz2) {
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(d), "r"(s2), "r"(0x80008000u));
   return r;
 }
+// SC: bf16 pair q_lo - z, q_hi - z (exact: integers -15..15) of the nibbles at bits sh and sh + 16;
+// the mask and the OR in one LOP3 (0xEA: (a & b) | c), which the compiler does not always find
+__device__ __forceinline__ u32 dqz(u32 w, int sh, u32 nz2) {
+  u32 v, r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w >> sh), "r"(0x000F000Fu), "r"(0x43004300u));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(nz2));
+  return r;
+}
 __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};"
@@ -197,13 +224,26 @@ KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned shor
   const int nt = blockIdx.x * NTB, KC = K >> 6, KG = KC >> gshift;  // the block's first 16-column tile
   const int c0 = warp * KC / NW, c1 = (warp + 1) * KC / NW;
   float acc[NTB][MT][4];
+#if SC
+  // SC: the MMAs sum (q - z) x over a group in accg; each group's scales multiply the sums once,
+  // in float32, when its last chunk (or the warp's last) is done: one bf16x2 op a weight pair, not two
+  float accg[NTB][MT][4];
+  const int gmask = (1 << gshift) - 1;
+#endif
 #pragma unroll
   for (int b = 0; b < NTB; b++)
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-      for (int i = 0; i < 4; i++) acc[b][m][i] = 0.f;
-  const u32* wp = W + ((size_t)nt * KC * 32 + lane) * 4;  // tile b's words: + b KC 128
+      for (int i = 0; i < 4; i++) {
+        acc[b][m][i] = 0.f;
+#if SC
+        accg[b][m][i] = 0.f;
+#endif
+      }
+  // running pointers at the warp's first chunk, moved U chunks a trip (the compiler kept
+  // recomputing 64-bit addresses from the chunk index: a fifth of the loop's instructions)
+  const u32* wp = W + ((size_t)nt * KC * 32 + lane) * 4 + (size_t)c0 * 128;  // tile b's words: + b KC 128
   const u32* sp = SZ + ((size_t)nt * KG * 8 + g) * 2;  // tile b's scales and zeros: + b KG 16
   const unsigned short* xp[MT];
   bool xv[MT];
@@ -211,15 +251,15 @@ KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned shor
   for (int m = 0; m < MT; m++) {
     const int tok = m * 8 + g;
     xv[m] = tok < M;
-    xp[m] = X + (size_t)(xv[m] ? tok : 0) * K + 16 * t;
+    xp[m] = X + (size_t)(xv[m] ? tok : 0) * K + 16 * t + c0 * 64;
   }
-  for (int c = c0; c < c1; c += U) {
+  for (int c = c0; c < c1; c += U, wp += U * 128) {
     u32 wv[U][NTB][4];
 #pragma unroll
     for (int u = 0; u < U; u++)
       if (c + u < c1)
 #pragma unroll
-        for (int b = 0; b < NTB; b++) ldg4(wv[u][b], wp + ((size_t)b * KC + c + u) * 128);
+        for (int b = 0; b < NTB; b++) ldg4(wv[u][b], wp + ((size_t)b * KC + u) * 128);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (c + u < c1) {
@@ -231,8 +271,8 @@ KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned shor
 #pragma unroll
         for (int m = 0; m < MT; m++) {
           if (xv[m]) {
-            ldx4(&xw[m][0], xp[m] + cc * 64);
-            ldx4(&xw[m][4], xp[m] + cc * 64 + 8);
+            ldx4(&xw[m][0], xp[m] + u * 64);
+            ldx4(&xw[m][4], xp[m] + u * 64 + 8);
           } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) xw[m][i] = 0u;
@@ -245,15 +285,37 @@ KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned shor
 #pragma unroll
           for (int j = 0; j < 4; j++) {
             const u32 w = wv[u][b][j];
+#if SC
+            const u32 a0 = dqz(w, 0, zg), a1 = dqz(w, 4, zg8), a2 = dqz(w, 8, zg), a3 = dqz(w, 12, zg8);
+#pragma unroll
+            for (int m = 0; m < MT; m++) mma(accg[b][m], a0, a1, a2, a3, xw[m][2 * j], xw[m][2 * j + 1]);
+#else
             const u32 a0 = dq(w, 0, sg, zg), a1 = dq(w, 4, sg8, zg8), a2 = dq(w, 8, sg, zg), a3 = dq(w, 12, sg8, zg8);
 #pragma unroll
+            for (int m = 0; m < MT; m++) mma(acc[b][m], a0, a1, a2, a3, xw[m][2 * j], xw[m][2 * j + 1]);
+#endif
+          }
+        }
+#if SC
+        if (cc + 1 == c1 || ((cc + 1) & gmask) == 0) {  // the group's last chunk: scale its sums
+#pragma unroll
+          for (int b = 0; b < NTB; b++) {
+            const float s0 = __uint_as_float(sz[b][0] << 16), s8 = __uint_as_float(sz[b][0] & 0xFFFF0000u);
+#pragma unroll
             for (int m = 0; m < MT; m++) {
-              mma(acc[b][m], a0, a1, a2, a3, xw[m][2 * j], xw[m][2 * j + 1]);
+#pragma unroll
+              for (int i = 0; i < 4; i++) {
+                acc[b][m][i] = fmaf(i < 2 ? s0 : s8, accg[b][m][i], acc[b][m][i]);  // c0, c1: row g; c2, c3: g + 8
+                accg[b][m][i] = 0.f;
+              }
             }
           }
         }
+#endif
       }
     }
+#pragma unroll
+    for (int m = 0; m < MT; m++) xp[m] += U * 64;
   }
   __shared__ float red[NW][NTB * MT * 4][32];
 #pragma unroll
@@ -288,14 +350,20 @@ def mma_configs(M: int, N: int) -> list:
     loaded ahead, 16-column tiles a block (NTB > 1 reuses each activation load across tiles:
     fewer blocks, so only where N leaves enough of them)."""
     mt = -(-M // 8)
-    return [{"kind": "mma", "nw": nw, "u": u, **({"ntb": ntb} if ntb > 1 else {})}
-            for nw, u, ntb in CONFIGS if N % (16 * ntb) == 0 and fits(nw, mt, ntb)]
+    return [{"kind": "mma", "nw": nw, "u": u, **({"ntb": ntb} if ntb > 1 else {}), **({"sc": 1} if sc else {})}
+            for nw, u, ntb, sc in CONFIGS if N % (16 * ntb) == 0 and fits(nw, mt, ntb) and (not sc or mt <= SC_MAX_MT)]
+
+
+def kernel_source(nw: int, mt: int, u: int, ntb: int, sc: int = 0) -> tuple:
+    """(name, CUDA source) of one config's kernel (benchmarks/mma_sass.py compiles it on the CPU)."""
+    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}_ntb{ntb}" + ("_sc" if sc else "")
+    defines = f"#define NW {nw}\n#define MT {mt}\n#define U {u}\n#define NTB {ntb}\n#define SC {int(bool(sc))}\n"
+    return name, defines + f"#define KNAME {name}\n" + SOURCE
 
 
 @lru_cache(maxsize=None)
-def _kernel(nw: int, mt: int, u: int, ntb: int):
-    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}_ntb{ntb}"
-    src = f"#define NW {nw}\n#define MT {mt}\n#define U {u}\n#define NTB {ntb}\n#define KNAME {name}\n" + SOURCE
+def _kernel(nw: int, mt: int, u: int, ntb: int, sc: int):
+    name, src = kernel_source(nw, mt, u, ntb, sc)
     return torch.cuda._compile_kernel(src, name)
 
 
@@ -305,12 +373,13 @@ def mma_launch(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, cfg: dict
     M, K = x.shape
     N, KG = words.shape[0] * 16, sz.shape[1]
     ntb = cfg.get("ntb", 1)
-    shape_ok = 1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], -(-M // 8), ntb) and N % (16 * ntb) == 0
+    mt, sc = -(-M // 8), cfg.get("sc", 0)
+    shape_ok = 1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], mt, ntb) and N % (16 * ntb) == 0 and (not sc or mt <= SC_MAX_MT)
     if not (shape_ok and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
         raise ValueError(f"mma_launch: x {tuple(x.shape)} {x.dtype} against a [{words.shape[1] * 64}, {N}] layer")
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=torch.bfloat16)
     gshift = int(math.log2(K // 64 // KG))
-    kernel = _kernel(cfg["nw"], -(-M // 8), cfg["u"], ntb)
+    kernel = _kernel(cfg["nw"], mt, cfg["u"], ntb, sc)
     kernel(grid=(N // (16 * ntb), 1, 1), block=(32 * cfg["nw"], 1, 1), args=[words, sz, x, out, M, N, K, gshift])
     return out

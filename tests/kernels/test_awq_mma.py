@@ -34,10 +34,16 @@ def test_lanes_reading_the_layout_compute_the_product(M, K, N, G):
     gen = torch.Generator().manual_seed(M * 1000 + K + N + G)
     q, z, s = _layer(gen, K, N, G)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
-    w = ((q - z.repeat_interleave(G, 0)).to(torch.bfloat16) * s.repeat_interleave(G, 0)).float()  # the kernel's bf16
+    exact = (q - z.repeat_interleave(G, 0)).float() * s.repeat_interleave(G, 0).float()
+    w = exact.to(torch.bfloat16).float()  # the kernel's bf16 dequant
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
     ref = x.float() @ w
     got = awq_mma.mma_emulate_lanes(x, *awq_mma.mma_pack(q, z, s))
-    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+    assert rel(got, ref) < 1e-5
+    # the SC configs: q - z exact in the fragments, each group's float32 sums scaled, so the
+    # product of the float32 weights, not of their bf16 rounding
+    sc = awq_mma.mma_emulate_lanes(x, *awq_mma.mma_pack(q, z, s), sc=True)
+    assert rel(sc, x.float() @ exact) < 1e-5 < rel(got, x.float() @ exact)
 
 
 def test_a_wrong_nibble_order_is_caught():
@@ -92,13 +98,19 @@ def test_configs_fit_shared_memory_and_launch_checks_its_input():
             if N % 64 == 0 and M <= 32:  # at M = 64, 4 tiles of 8 token tiles on 4 warps would need 64 KB
                 assert {c.get("ntb", 1) for c in cfgs} == {1, 2, 4}
     assert not awq_mma.fits(16, 8)  # 64 KB: the M = 64 tiles leave 16 warps out
+    # the SC configs (group sums in registers) up to SC_MAX_MT token tiles only
+    assert any(c.get("sc") for c in awq_mma.mma_configs(8 * awq_mma.SC_MAX_MT, 4608))
+    assert not any(c.get("sc") for c in awq_mma.mma_configs(8 * awq_mma.SC_MAX_MT + 1, 4608))
+    name, src = awq_mma.kernel_source(8, 2, 2, 1, sc=1)
+    assert name.endswith("_sc") and "#define SC 1\n" in src and "#define SC 0\n" in awq_mma.kernel_source(8, 2, 2, 1)[1]
     assert {c.get("ntb", 1) for c in awq_mma.mma_configs(8, 48)} == {1}  # 3 tiles: neither 2 nor 4 a block
     words, sz = awq_mma.mma_pack(torch.zeros(128, 16, dtype=torch.int64), torch.zeros(1, 16, dtype=torch.int64),
                                  torch.ones(1, 16))
     for x, cfg in ((torch.zeros(65, 128, dtype=torch.bfloat16), {}), (torch.zeros(2, 128, dtype=torch.float16), {}),
                    (torch.zeros(2, 64, dtype=torch.bfloat16), {}),
                    (torch.zeros(64, 128, dtype=torch.bfloat16), {"nw": 16}),
-                   (torch.zeros(2, 128, dtype=torch.bfloat16), {"ntb": 2})):  # 16 columns: no 2 tiles a block
+                   (torch.zeros(2, 128, dtype=torch.bfloat16), {"ntb": 2}),  # 16 columns: no 2 tiles a block
+                   (torch.zeros(33, 128, dtype=torch.bfloat16), {"sc": 1})):  # 5 token tiles: past SC_MAX_MT
         with pytest.raises(ValueError, match="mma_launch"):
             awq_mma.mma_launch(x, words, sz, {"nw": 4, "u": 2, **cfg})
 
