@@ -18,7 +18,7 @@ at M = 1, 16, 64, 128 on the Qwen2.5-7B layers (cases 0-7; the H200's counters o
 are in benchmarks/NOTES.md), then awq_mma's picks of session 19 at M = 8-64 and the wide
 variant at M = 64 (cases 8-15; 8 and 11-14 profiled in session 20, benchmarks/NOTES.md: why the kernel stays near 0.6 of the floor
 on the large layers at M = 8, and why it falls behind cuBLAS from M = 32;
-`--cases 8,9,10,11,12,13,14,15`).
+`--cases 8,9,10,11,12,13,14,15`), and session 20's SC and MB configs beside them (16-19).
 """
 import argparse
 import csv
@@ -52,6 +52,11 @@ CASES = [
     (18944, 3584, 32, {"kind": "mma", "nw": 8, "u": 2, "ntb": 2}),
     (18944, 3584, 64, {"kind": "mma", "nw": 8, "u": 2}),
     (3584, 4608, 64, {"kind": "mma_wide", "wn": 4, "ntb": 1, "u": 1, "s": 3, "ks": 4}),
+    # session 20's configs (not timed yet): SC at M = 8 beside case 8, MB at M = 32 beside 11 and 13
+    (3584, 37888, 8, {"kind": "mma", "nw": 8, "u": 2, "ntb": 2, "sc": 1}),
+    (3584, 37888, 8, {"kind": "mma", "nw": 4, "u": 2, "ntb": 4, "sc": 1}),
+    (3584, 4608, 32, {"kind": "mma", "nw": 16, "u": 2, "mb": 2}),
+    (18944, 3584, 32, {"kind": "mma", "nw": 16, "u": 2, "mb": 2}),
 ]
 
 # metric name -> short column

@@ -50,7 +50,7 @@ def nvrtc_ptx(lib, src: str, name: str, arch: int) -> str:
 def census(lib, M: int, N: int, cfg: dict, arch: int) -> dict:
     """Compile one config (M tokens: MT = ceil(M / 8) token tiles) and count its main loop."""
     mt, ntb, u = -(-M // 8), cfg.get("ntb", 1), cfg["u"]
-    name, src = awq_mma.kernel_source(cfg["nw"], mt, u, ntb, cfg.get("sc", 0))
+    name, src = awq_mma.kernel_source(cfg["nw"], mt, u, ntb, cfg.get("sc", 0), cfg.get("mb", 1))
     res = {"M": M, "N": N, "cfg": cfg}
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

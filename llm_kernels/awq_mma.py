@@ -42,15 +42,24 @@ KERNEL_MAX_M = 64  # the kernel's own limit: 8 token tiles of 8 a block
 NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # fragment element e -> its nibble: e / 2 + 4 (e % 2)
 # (warps a block, chunks loaded ahead, 16-column tiles a block): 2 or 4 tiles share each
 # activation load (on the H200: 3584x37888 at M = 16-32 from 0.80-0.82x kpack to 0.91-1.03x)
-CONFIGS = [(nw, u, 1, 0) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
-    [(nw, u, ntb, 0) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)] + \
-    [(nw, u, ntb, 1) for nw, u, ntb in ((4, 2, 1), (8, 2, 1), (8, 4, 1), (16, 2, 1), (16, 4, 1), (4, 2, 2), (8, 2, 2),
-                                        (8, 4, 2), (4, 2, 4), (8, 2, 4))]
+CONFIGS = [(nw, u, 1, 0, 1) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
+    [(nw, u, ntb, 0, 1) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)] + \
+    [(nw, u, ntb, 1, 1) for nw, u, ntb in ((4, 2, 1), (8, 2, 1), (8, 4, 1), (16, 2, 1), (16, 4, 1), (4, 2, 2), (8, 2, 2),
+                                           (8, 4, 2), (4, 2, 4), (8, 2, 4))] + \
+    [(16, 2, 1, 0, 2), (8, 2, 1, 0, 4)]
 # (..., SC = 1): the scales applied to each group's float32 sums instead of each weight pair
 # (one bf16x2 op a pair instead of two, and one LOP3 instead of two: on sm_90 the main loop
 # issued 7.4 instructions a weight pair at M = 8, 3.8 of them integer, benchmarks/mma_sass.py);
 # the group sums cost MT x NTB x 4 registers, so up to SC_MAX_MT token tiles
 SC_MAX_MT = 4
+# (..., MB > 1): at least MB blocks an SM (__launch_bounds__' second argument), registers capped
+# at 64, so 32 warps an SM: 16 warps a block took 66 registers at M = 32 (one block an SM), 8
+# warps 80 (three). At M = 32-64 the H200 showed 13-21% occupancy and warps waiting on loads
+# (benchmarks/NOTES.md, session 20), and one 16-column tile a block keeps the grid large enough
+# to fill them (288 blocks for 4608 columns). For MB_MT token tiles only: sm_90 SASS there has
+# the same instructions a weight pair or fewer, spilling 4 bytes at 3 tiles and none at 4;
+# fewer tiles use 64 registers or fewer anyway, more spill under the cap
+MB_MT = (3, 4)
 ENV = "LLM_KERNELS_AWQ_MMA"
 MODES = ("0", "1", "small")
 # "small": layers of at most this many weights keep the mma layout alone (no kpack copy). On the
@@ -217,7 +226,7 @@ __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a
 """
 
 SOURCE = HELPERS + r"""
-extern "C" __global__ void __launch_bounds__(NW * 32)
+extern "C" __global__ void BOUNDS
 KNAME(const u32* __restrict__ W, const u32* __restrict__ SZ, const unsigned short* __restrict__ X,
       unsigned short* __restrict__ Y, int M, int N, int K, int gshift) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -350,20 +359,23 @@ def mma_configs(M: int, N: int) -> list:
     loaded ahead, 16-column tiles a block (NTB > 1 reuses each activation load across tiles:
     fewer blocks, so only where N leaves enough of them)."""
     mt = -(-M // 8)
-    return [{"kind": "mma", "nw": nw, "u": u, **({"ntb": ntb} if ntb > 1 else {}), **({"sc": 1} if sc else {})}
-            for nw, u, ntb, sc in CONFIGS if N % (16 * ntb) == 0 and fits(nw, mt, ntb) and (not sc or mt <= SC_MAX_MT)]
+    return [{"kind": "mma", "nw": nw, "u": u, **({"ntb": ntb} if ntb > 1 else {}), **({"sc": 1} if sc else {}),
+             **({"mb": mb} if mb > 1 else {})}
+            for nw, u, ntb, sc, mb in CONFIGS if N % (16 * ntb) == 0 and fits(nw, mt, ntb)
+            and (not sc or mt <= SC_MAX_MT) and (mb == 1 or mt in MB_MT)]
 
 
-def kernel_source(nw: int, mt: int, u: int, ntb: int, sc: int = 0) -> tuple:
+def kernel_source(nw: int, mt: int, u: int, ntb: int, sc: int = 0, mb: int = 1) -> tuple:
     """(name, CUDA source) of one config's kernel (benchmarks/mma_sass.py compiles it on the CPU)."""
-    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}_ntb{ntb}" + ("_sc" if sc else "")
+    name = f"w4a16_mma_nw{nw}_mt{mt}_u{u}_ntb{ntb}" + ("_sc" if sc else "") + (f"_mb{mb}" if mb > 1 else "")
+    bounds = f"__launch_bounds__(NW * 32, {mb})" if mb > 1 else "__launch_bounds__(NW * 32)"
     defines = f"#define NW {nw}\n#define MT {mt}\n#define U {u}\n#define NTB {ntb}\n#define SC {int(bool(sc))}\n"
-    return name, defines + f"#define KNAME {name}\n" + SOURCE
+    return name, defines + f"#define BOUNDS {bounds}\n#define KNAME {name}\n" + SOURCE
 
 
 @lru_cache(maxsize=None)
-def _kernel(nw: int, mt: int, u: int, ntb: int, sc: int):
-    name, src = kernel_source(nw, mt, u, ntb, sc)
+def _kernel(nw: int, mt: int, u: int, ntb: int, sc: int, mb: int):
+    name, src = kernel_source(nw, mt, u, ntb, sc, mb)
     return torch.cuda._compile_kernel(src, name)
 
 
@@ -373,13 +385,14 @@ def mma_launch(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, cfg: dict
     M, K = x.shape
     N, KG = words.shape[0] * 16, sz.shape[1]
     ntb = cfg.get("ntb", 1)
-    mt, sc = -(-M // 8), cfg.get("sc", 0)
-    shape_ok = 1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], mt, ntb) and N % (16 * ntb) == 0 and (not sc or mt <= SC_MAX_MT)
+    mt, sc, mb = -(-M // 8), cfg.get("sc", 0), cfg.get("mb", 1)
+    shape_ok = 1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], mt, ntb) and N % (16 * ntb) == 0 and \
+        (not sc or mt <= SC_MAX_MT) and (mb == 1 or mt in MB_MT)
     if not (shape_ok and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
         raise ValueError(f"mma_launch: x {tuple(x.shape)} {x.dtype} against a [{words.shape[1] * 64}, {N}] layer")
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=torch.bfloat16)
     gshift = int(math.log2(K // 64 // KG))
-    kernel = _kernel(cfg["nw"], mt, cfg["u"], ntb, sc)
+    kernel = _kernel(cfg["nw"], mt, cfg["u"], ntb, sc, mb)
     kernel(grid=(N // (16 * ntb), 1, 1), block=(32 * cfg["nw"], 1, 1), args=[words, sz, x, out, M, N, K, gshift])
     return out

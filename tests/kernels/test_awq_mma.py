@@ -103,6 +103,11 @@ def test_configs_fit_shared_memory_and_launch_checks_its_input():
     assert not any(c.get("sc") for c in awq_mma.mma_configs(8 * awq_mma.SC_MAX_MT + 1, 4608))
     name, src = awq_mma.kernel_source(8, 2, 2, 1, sc=1)
     assert name.endswith("_sc") and "#define SC 1\n" in src and "#define SC 0\n" in awq_mma.kernel_source(8, 2, 2, 1)[1]
+    # the MB configs (at least MB blocks an SM: registers capped) at 17-32 tokens only
+    for M in (1, 16, 17, 32, 33, 64):
+        assert any(c.get("mb") for c in awq_mma.mma_configs(M, 4608)) == (17 <= M <= 32), M
+    assert "__launch_bounds__(NW * 32, 4)" in awq_mma.kernel_source(8, 4, 2, 1, mb=4)[1]
+    assert "__launch_bounds__(NW * 32)\n" in awq_mma.kernel_source(8, 4, 2, 1)[1]
     assert {c.get("ntb", 1) for c in awq_mma.mma_configs(8, 48)} == {1}  # 3 tiles: neither 2 nor 4 a block
     words, sz = awq_mma.mma_pack(torch.zeros(128, 16, dtype=torch.int64), torch.zeros(1, 16, dtype=torch.int64),
                                  torch.ones(1, 16))
@@ -110,7 +115,8 @@ def test_configs_fit_shared_memory_and_launch_checks_its_input():
                    (torch.zeros(2, 64, dtype=torch.bfloat16), {}),
                    (torch.zeros(64, 128, dtype=torch.bfloat16), {"nw": 16}),
                    (torch.zeros(2, 128, dtype=torch.bfloat16), {"ntb": 2}),  # 16 columns: no 2 tiles a block
-                   (torch.zeros(33, 128, dtype=torch.bfloat16), {"sc": 1})):  # 5 token tiles: past SC_MAX_MT
+                   (torch.zeros(33, 128, dtype=torch.bfloat16), {"sc": 1}),  # 5 token tiles: past SC_MAX_MT
+                   (torch.zeros(16, 128, dtype=torch.bfloat16), {"mb": 2})):  # 2 token tiles: not in MB_MT
         with pytest.raises(ValueError, match="mma_launch"):
             awq_mma.mma_launch(x, words, sz, {"nw": 4, "u": 2, **cfg})
 
