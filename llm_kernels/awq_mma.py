@@ -40,7 +40,7 @@ from llm_kernels.awq_format import unpack_awq_int4
 MAX_M = 32  # awq_linear's cut-over: beyond, the kernel loses to kpack / cuBLAS on the H200 (session 18)
 KERNEL_MAX_M = 64  # the kernel's own limit: 8 token tiles of 8 a block
 NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # fragment element e -> its nibble: e / 2 + 4 (e % 2)
-# (warps a block, chunks loaded ahead, 16-column tiles a block): 2 or 4 tiles share each
+# (warps a block, chunks loaded ahead, 16-column tiles a block, SC, MB): 2 or 4 tiles share each
 # activation load (on the H200: 3584x37888 at M = 16-32 from 0.80-0.82x kpack to 0.91-1.03x)
 CONFIGS = [(nw, u, 1, 0, 1) for nw in (4, 8, 16) for u in (2, 4, 8)] + \
     [(nw, u, ntb, 0, 1) for ntb in (2, 4) for nw in (4, 8) for u in (2, 4)] + \
@@ -160,17 +160,16 @@ def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, sc
     y = torch.zeros(M, N, dtype=torch.float32)
     a = torch.zeros(NT, KC, 4, 16, 16)  # the A tiles: [row n, col k] of each chunk's four steps
     w = words.to(torch.int64) & 0xFFFFFFFF
-    scaled_sums = sc
     s, nz = sz[..., :2].float(), sz[..., 2:].float()  # [NT, KG, 8, 2]
     for reg in range(4):  # the PTX fragment's registers: rows g (0, 2) or g + 8 (1, 3), cols + 8 for 2, 3
         for half in range(2):
             nib = (w >> (4 * (reg + 4 * half))) & 0xF  # [NT, KC, 32, 4]
             row, col = g + 8 * (reg & 1), 2 * t + half + 8 * (reg >> 1)
-            sc = s[:, grp][:, :, g, reg & 1]  # [NT, KC, 32]
+            scale = s[:, grp][:, :, g, reg & 1]  # [NT, KC, 32]
             zz = nz[:, grp][:, :, g, reg & 1]
             val = (nib.float() + 128 + zz[..., None]).to(torch.bfloat16).float()
-            if not scaled_sums:
-                val = (val * sc[..., None]).to(torch.bfloat16).float()
+            if not sc:
+                val = (val * scale[..., None]).to(torch.bfloat16).float()
             a[:, :, :, row, col] = val.permute(0, 1, 3, 2)
     for m in range(M):
         xs = x[m].float().view(KC, 4, 16)  # chunk, t, the lane's 16 values
@@ -180,7 +179,7 @@ def mma_emulate_lanes(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, sc
                 for r in range(2):
                     for half in range(2):
                         b[:, j, 2 * tt + half + 8 * r] = xs[:, tt, 4 * j + 2 * r + half]
-        if scaled_sums:  # each chunk's sums (a group holds whole chunks) times its group's scales, rows g and g + 8
+        if sc:  # each chunk's sums (a group holds whole chunks) times its group's scales, rows g and g + 8
             rows = s[:, grp].permute(0, 1, 3, 2).reshape(NT, KC, 16)
             y[m] = (torch.einsum("nkjrc,kjc->nkr", a, b) * rows).sum(1).reshape(N)
         else:
