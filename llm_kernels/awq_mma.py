@@ -353,6 +353,11 @@ def fits(nw: int, mt: int, ntb: int = 1) -> bool:
     return nw * ntb * mt * 4 * 32 * 4 <= 48 * 1024
 
 
+def launches(nw: int, ntb: int, sc: int, mb: int, mt: int, N: int) -> bool:
+    """A config (warps, tiles a block, SC, MB) launches at mt token tiles on N columns."""
+    return N % (16 * ntb) == 0 and fits(nw, mt, ntb) and (not sc or mt <= SC_MAX_MT) and (mb == 1 or mt in MB_MT)
+
+
 def mma_configs(M: int, N: int) -> list:
     """The kernel's candidates at M <= KERNEL_MAX_M tokens for N columns: warps a block, chunks
     loaded ahead, 16-column tiles a block (NTB > 1 reuses each activation load across tiles:
@@ -360,8 +365,7 @@ def mma_configs(M: int, N: int) -> list:
     mt = -(-M // 8)
     return [{"kind": "mma", "nw": nw, "u": u, **({"ntb": ntb} if ntb > 1 else {}), **({"sc": 1} if sc else {}),
              **({"mb": mb} if mb > 1 else {})}
-            for nw, u, ntb, sc, mb in CONFIGS if N % (16 * ntb) == 0 and fits(nw, mt, ntb)
-            and (not sc or mt <= SC_MAX_MT) and (mb == 1 or mt in MB_MT)]
+            for nw, u, ntb, sc, mb in CONFIGS if launches(nw, ntb, sc, mb, mt, N)]
 
 
 def kernel_source(nw: int, mt: int, u: int, ntb: int, sc: int = 0, mb: int = 1) -> tuple:
@@ -385,8 +389,7 @@ def mma_launch(x: torch.Tensor, words: torch.Tensor, sz: torch.Tensor, cfg: dict
     N, KG = words.shape[0] * 16, sz.shape[1]
     ntb = cfg.get("ntb", 1)
     mt, sc, mb = -(-M // 8), cfg.get("sc", 0), cfg.get("mb", 1)
-    shape_ok = 1 <= M <= KERNEL_MAX_M and fits(cfg["nw"], mt, ntb) and N % (16 * ntb) == 0 and \
-        (not sc or mt <= SC_MAX_MT) and (mb == 1 or mt in MB_MT)
+    shape_ok = 1 <= M <= KERNEL_MAX_M and launches(cfg["nw"], ntb, sc, mb, mt, N)
     if not (shape_ok and x.dtype == torch.bfloat16 and x.is_contiguous() and K == words.shape[1] * 64):
         raise ValueError(f"mma_launch: x {tuple(x.shape)} {x.dtype} against a [{words.shape[1] * 64}, {N}] layer")
     if out is None:
