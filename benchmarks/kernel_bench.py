@@ -4,7 +4,7 @@ this run) and to its peer (cuBLAS on dequantized weights, SDPA on contiguous KV)
 CUDA-graph replays cycling through enough input sets to keep L2 cold.
 
     python benchmarks/kernel_bench.py --out $OUT/kernels.json
-    LLM_KERNELS_AWQ_MMA=1 python benchmarks/kernel_bench.py --only K1 ...  # with llm_kernels/awq_mma.py
+    LLM_KERNELS_AWQ_MMA=1 python benchmarks/kernel_bench.py --only K1 ...  # with llm_kernels/awq_mma.py and awq_tile.py
 """
 import argparse
 import json
@@ -155,13 +155,14 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
             tf = 0.80 if (large and M <= 16) else None
             tp = 1.0 if M <= 256 else 0.8
             cfg = chosen_config(KPACK, M, N, K, G, torch.bfloat16)
-            small = chosen_config(MMA, M, N, K, G, torch.bfloat16)  # LLM_KERNELS_AWQ_MMA=1: mma kernel or kpack
-            if small is not None and small.get("kind") == "mma":
+            small = chosen_config(MMA, M, N, K, G, torch.bfloat16)  # LLM_KERNELS_AWQ_MMA=1: mma / tile kernel or kpack
+            if small is not None and small.get("kind") in ("mma", "tile"):
                 cfg = small
             elif prepared[0].mma_only:  # LLM_KERNELS_AWQ_MMA=small's layers
                 cfg = {"kind": "mma layout dequantized, then cuBLAS"}
             # the tuner's times, each net of its L2 flush
-            cands = [[str(c), t * 1e6] for c, t in TIMINGS.get((KPACK,) + shape_key(M, N, K, G, torch.bfloat16), [])]
+            cands = [[str(c), t * 1e6] for kernel in (KPACK, MMA)
+                     for c, t in TIMINGS.get((kernel,) + shape_key(M, N, K, G, torch.bfloat16), [])]
             rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,
                             tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, config=str(cfg),
                             candidates_us=cands, checkpoint_layout_us=None if ckpt is None else ckpt * 1e6,
@@ -173,7 +174,7 @@ def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
         if PARTIAL:  # the shapes done so far, in case the run is cut short
             with open(PARTIAL, "w") as f:
                 json.dump({"rows": rows}, f, indent=1)
-    for name, kernel in (("checkpoint layout", CKPT), ("kpack", KPACK)):
+    for name, kernel in (("checkpoint layout", CKPT), ("kpack", KPACK), ("mma layout", MMA)):
         failed = {key[1:]: why for key, why in FAILED.items() if key[0] == kernel}
         if failed:
             print(f"K1 {name} configs that did not build:", json.dumps({str(k): v for k, v in failed.items()}, indent=1))

@@ -1,6 +1,6 @@
 """Hardware counters of the AWQ GEMM's configs on the device (Nsight Compute): the Triton
-kpack and gemv kernels, llm_kernels/awq_mma.py's CUDA kernel and benchmarks/w4a16_wide.py's
-variant. Where the warps of one launch stall, how full the SMs are, how busy DRAM and the
+kpack and gemv kernels, llm_kernels/awq_mma.py's and awq_tile.py's CUDA kernels and
+benchmarks/w4a16_wide.py's variant. Where the warps of one launch stall, how full the SMs are, how busy DRAM and the
 tensor pipes are. The evidence K1's tuning cannot give: a time says how slow, the stall
 reasons say why.
 
@@ -18,7 +18,8 @@ at M = 1, 16, 64, 128 on the Qwen2.5-7B layers (cases 0-7; the H200's counters o
 are in benchmarks/NOTES.md), then awq_mma's picks of session 19 at M = 8-64 and the wide
 variant at M = 64 (cases 8-15; 8 and 11-14 profiled in session 20, benchmarks/NOTES.md: why the kernel stays near 0.6 of the floor
 on the large layers at M = 8, and why it falls behind cuBLAS from M = 32;
-`--cases 8,9,10,11,12,13,14,15`), and session 20's SC and MB configs beside them (16-19).
+`--cases 8,9,10,11,12,13,14,15`), session 20's SC and MB configs beside them (16-19), and
+session 21's llm_kernels/awq_tile.py at M = 32-128 (20-23).
 """
 import argparse
 import csv
@@ -57,6 +58,11 @@ CASES = [
     (3584, 37888, 8, {"kind": "mma", "nw": 4, "u": 2, "ntb": 4, "sc": 1}),
     (3584, 4608, 32, {"kind": "mma", "nw": 16, "u": 2, "mb": 2}),
     (18944, 3584, 32, {"kind": "mma", "nw": 16, "u": 2, "mb": 2}),
+    # session 21's awq_tile (not timed yet): M = 64 beside cases 12 and 14, M = 32 beside 11, M = 128
+    (3584, 4608, 64, {"kind": "tile", "mt": 8, "nwt": 4, "wn": 8, "u": 1, "st": 4, "mb": 1}),
+    (18944, 3584, 64, {"kind": "tile", "mt": 8, "nwt": 4, "wn": 8, "u": 1, "st": 6, "mb": 1}),
+    (3584, 4608, 32, {"kind": "tile", "mt": 4, "nwt": 4, "wn": 8, "u": 1, "st": 4, "mb": 1}),
+    (3584, 37888, 128, {"kind": "tile", "mt": 8, "nwt": 4, "wn": 4, "u": 1, "st": 4, "mb": 2}),
 ]
 
 # metric name -> short column
@@ -77,7 +83,7 @@ def run_cases(which) -> None:
     import torch
 
     from benchmarks import w4a16_wide
-    from llm_kernels import awq, awq_kpack, awq_mma
+    from llm_kernels import awq, awq_kpack, awq_mma, awq_tile
     from llm_kernels.awq import pack_awq_int4
 
     gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -87,9 +93,9 @@ def run_cases(which) -> None:
         z = torch.randint(0, 16, (K // G, N), device="cuda", generator=gen, dtype=torch.int32)
         s = (torch.rand(K // G, N, device="cuda", generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
         x = torch.randn((M, K), device="cuda", generator=gen).to(torch.bfloat16)
-        if cfg.get("kind") in ("mma", "mma_wide"):
+        if cfg.get("kind") in ("mma", "mma_wide", "tile"):
             words, sz = awq_mma.mma_pack(q, z, s)
-            fn = awq_mma.mma_launch if cfg["kind"] == "mma" else w4a16_wide.wide_launch
+            fn = {"mma": awq_mma.mma_launch, "mma_wide": w4a16_wide.wide_launch, "tile": awq_tile.tile_launch}[cfg["kind"]]
             launch = (lambda f=fn, w=words, sc=sz, c=cfg: f(x, w, sc, c))
         else:
             p = awq.awq_prepare(pack_awq_int4(q), pack_awq_int4(z), s, G, mma=False)

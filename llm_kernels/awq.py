@@ -6,15 +6,15 @@ llm_kernels.awq_ckpt on CUDA and under the interpreter; the reference otherwise)
 `awq_prepare` / `awq_linear` are the engine-facing API: on CUDA the weight is
 repacked once into the K-packed layout of llm_kernels.awq_kpack, the engine's
 decode path; with LLM_KERNELS_AWQ_MMA=1 also into llm_kernels.awq_mma's layout,
-whose CUDA C++ kernel the tuner may pick for bf16 at M <= 32; with LLM_KERNELS_AWQ_MMA=small
-the small bf16 layers into that layout only.
+whose CUDA C++ kernels the tuner may pick for bf16 (awq_mma at M <= 32, awq_tile at 17 <= M
+<= 256); with LLM_KERNELS_AWQ_MMA=small the small bf16 layers into that layout only.
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from llm_kernels import awq_mma
+from llm_kernels import awq_mma, awq_tile
 from llm_kernels.awq_configs import ckpt_gemm, kpack_gemm, small_m_gemm
 from llm_kernels.awq_format import awq_dequantize, awq_gemm_reference, check_awq_shapes, pack_awq_int4, unpack_awq_int4
 from llm_kernels.awq_kpack import ROWS, kpack_dequantize_reference, kpack_from_awq
@@ -113,10 +113,11 @@ def awq_linear(x, prepared: AWQPrepared) -> torch.Tensor:
         raise ValueError(f"awq_linear: x has K={K}, the layer {p.in_features}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
-    # the kernel up to MAX_M tokens beside another layout; alone, up to its own limit
-    limit = awq_mma.KERNEL_MAX_M if p.mma_only else awq_mma.MAX_M
-    if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= limit:
-        y = small_m_gemm(x2, p.words, p.sz, p.group_size, lambda xc: _without_mma(xc, p))
+    # the tuner's choice up to awq_tile.MAX_M tokens: awq_mma up to MAX_M tokens beside another
+    # layout (alone, up to its own limit), awq_tile from 17, or the layer's other path
+    if p.words is not None and x2.is_cuda and x2.dtype == torch.bfloat16 and 1 <= x2.shape[0] <= awq_tile.MAX_M:
+        mma_max = awq_mma.KERNEL_MAX_M if p.mma_only else awq_mma.MAX_M
+        y = small_m_gemm(x2, p.words, p.sz, p.group_size, lambda xc: _without_mma(xc, p), mma_max)
     else:
         y = _without_mma(x2, p)
     return y.view(*lead, p.out_features)

@@ -1,10 +1,10 @@
 """Candidate configs of the AWQ GEMM kernels (llm_kernels.awq_ckpt on the
 checkpoint layout, llm_kernels.awq_kpack on the K-packed one, llm_kernels.awq_mma
-at small M), and their GEMMs with the config tuned once per shape on CUDA
+at small M and llm_kernels.awq_tile up to 256 tokens on the mma layout), and their GEMMs with the config tuned once per shape on CUDA
 (llm_kernels.dispatch.autotune)."""
 import torch
 
-from llm_kernels import awq_ckpt, awq_kpack, awq_mma
+from llm_kernels import awq_ckpt, awq_kpack, awq_mma, awq_tile
 from llm_kernels.awq_gemv import MAX_M as GEMV_MAX_M
 from llm_kernels.awq_gemv import gemv_config
 from llm_kernels.dispatch import autotune, chosen, next_pow2, sm_count
@@ -200,30 +200,44 @@ def kpack_gemm(x, qk, zeros, scales, group_size: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------
-# small M with the mma layout kept too (llm_kernels.awq_mma)
+# small M with the mma layout kept too (llm_kernels.awq_mma, and llm_kernels.awq_tile up to 256 tokens)
 
 OTHER_LAYOUT = {"kind": "layout"}  # the layer's other path (awq_linear's: kpack, or the checkpoint layout's kernel)
 
 
-def small_m_configs(M: int, N: int) -> list:
+def small_m_configs(M: int, N: int, K: int, mma_max: int, sms=None, smem=None) -> list:
     """The layer's other path first (the one taken inside a capture before the shape was
-    tuned), then the mma kernel's configs that launch at every M of M's tuning bucket (its
+    tuned), then the kernels' configs that launch at every M of M's tuning bucket (its
     choice serves them all: a config whose partial sums fit shared memory at 17 tokens may
-    not at 32)."""
-    return [OTHER_LAYOUT] + awq_mma.mma_configs(next_pow2(M), N)
+    not at 32): awq_mma's up to mma_max tokens, and on a GPU (sms SMs, smem bytes of shared
+    memory a block may opt in to) awq_tile's from 17 to 256."""
+    bucket = next_pow2(M)
+    cands = [OTHER_LAYOUT] + (awq_mma.mma_configs(bucket, N) if bucket <= mma_max else [])
+    if sms is not None:
+        cands += awq_tile.tile_configs(bucket, N, K, sms, smem)
+    return cands
 
 
-def small_m_gemm(x, words, sz, group_size: int, other) -> torch.Tensor:
-    """x [M, K] bf16 (M <= awq_mma.KERNEL_MAX_M) @ a layer held in the mma layout (words, sz),
-    which other(x) multiplies another way (its kpack or checkpoint layout, or the mma layout
-    dequantized): the tuner times the mma kernel's configs against that path, per shape."""
+def small_m_gemm(x, words, sz, group_size: int, other, mma_max: int = awq_mma.MAX_M) -> torch.Tensor:
+    """x [M, K] bf16 (M <= awq_tile.MAX_M) @ a layer held in the mma layout (words, sz), which
+    other(x) multiplies another way (its kpack or checkpoint layout, or the mma layout
+    dequantized): the tuner times the kernels' configs against that path, per shape
+    (awq_mma's up to mma_max tokens)."""
     x = x.contiguous()
     M, K = x.shape
     N = words.shape[0] * 16
 
     def launch(cfg):
-        return awq_mma.mma_launch(x, words, sz, cfg) if cfg["kind"] == "mma" else other(x)
+        if cfg["kind"] == "mma":
+            return awq_mma.mma_launch(x, words, sz, cfg)
+        if cfg["kind"] == "tile":
+            return awq_tile.tile_launch(x, words, sz, cfg)
+        return other(x)
 
-    cfg = autotune(MMA, shape_key(M, N, K, group_size, x.dtype), lambda: small_m_configs(M, N), launch,
+    def candidates():
+        gpu = (sm_count(x.device), awq_tile.smem_limit(x.device)) if x.is_cuda else (None, None)
+        return small_m_configs(M, N, K, mma_max, *gpu)
+
+    cfg = autotune(MMA, shape_key(M, N, K, group_size, x.dtype), candidates, launch,
                    checked=(x.dtype, group_size), cold_l2_device=x.device)
     return launch(cfg)

@@ -201,18 +201,19 @@ __device__ __forceinline__ void ldx4(u32* r, const void* p) {
 __device__ __forceinline__ void ldsz(u32 (&r)[2], const void* p) {
   asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
-// bf16 pair (q_lo - z, q_hi - z) * s of the two nibbles at bits sh and sh + 16
+// bf16 pair (q_lo - z, q_hi - z) * s of the two nibbles at bits sh and sh + 16; the mask and
+// the OR in one LOP3 (0xEA: (a & b) | c), which the compiler does not always find
 __device__ __forceinline__ u32 dq(u32 w, int sh, u32 s2, u32 nz2) {
-  u32 v = ((w >> sh) & 0x000F000Fu) | 0x43004300u, d, r;
+  u32 v, d, r;
+  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(v) : "r"(w >> sh));
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(nz2));
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(d), "r"(s2), "r"(0x80008000u));
   return r;
 }
-// SC: bf16 pair q_lo - z, q_hi - z (exact: integers -15..15) of the nibbles at bits sh and sh + 16;
-// the mask and the OR in one LOP3 (0xEA: (a & b) | c), which the compiler does not always find
+// SC: bf16 pair q_lo - z, q_hi - z (exact: integers -15..15) of the nibbles at bits sh and sh + 16
 __device__ __forceinline__ u32 dqz(u32 w, int sh, u32 nz2) {
   u32 v, r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w >> sh), "r"(0x000F000Fu), "r"(0x43004300u));
+  asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(v) : "r"(w >> sh));
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(nz2));
   return r;
 }

@@ -1,12 +1,15 @@
 """llm_kernels.awq_mma on CUDA: the CUDA C++ kernel (NVRTC) equals x @ dequant(w) at
-Qwen2.5-7B's layer shapes for every config and M up to 64, groups 128 and 64; awq_linear
+Qwen2.5-7B's layer shapes for every config and M up to 64, groups 128 and 64, and so does
+llm_kernels.awq_tile's for every config at 17-256 tokens (the same bits launch after launch,
+and from a graph); awq_linear
 with the mma layout kept (LLM_KERNELS_AWQ_MMA) agrees with the reference across the cut-over
 and replays from a CUDA graph, and so does a layer held in that layout alone ("small"); an
 AWQ engine whose decode GEMMs run the kernel generates what the kpack engine does."""
 import pytest
 import torch
 
-from llm_kernels import awq_configs, awq_mma
+from llm_kernels import awq_configs, awq_mma, awq_tile
+from llm_kernels.dispatch import next_pow2, sm_count
 from llm_kernels.awq import awq_linear, awq_prepare, pack_awq_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -38,6 +41,38 @@ def test_every_config_matches_the_reference(K, N, G):
             out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             awq_mma.mma_launch(x, words, sz, cfg, out)
             assert _rel(out, ref) < 1e-2, (M, cfg)
+
+
+@pytest.mark.parametrize("K, N, G", [(3584, 4608, 128), (18944, 3584, 128), (3584, 3584, 64), (896, 1152, 128)])
+def test_every_tile_config_matches_the_reference(K, N, G):
+    dev = torch.device("cuda")
+    qw, qz, s = _layer(K, N, G, seed=K + N + G + 1)
+    words, sz = awq_mma.mma_from_awq(qw, qz, s, G)
+    w = awq_mma.mma_dequantize_reference(words, sz)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    tried = 0
+    for M in (17, 32, 33, 64, 65, 128, 200, 256):
+        x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = x.float() @ w
+        for cfg in awq_tile.tile_configs(next_pow2(M), N, K, sm_count(dev), awq_tile.smem_limit(dev)):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            awq_tile.tile_launch(x, words, sz, cfg, out)
+            assert _rel(out, ref) < 1e-2, (M, cfg)
+            again = awq_tile.tile_launch(x, words, sz, cfg)  # the partials add in a fixed order: the same bits
+            assert torch.equal(again, out), (M, cfg)
+            tried += 1
+    assert tried >= 8
+    cfg = awq_tile.tile_configs(64, N, K, sm_count(dev), awq_tile.smem_limit(dev))[0]
+    x = torch.randn(48, K, device="cuda", generator=gen).to(torch.bfloat16)
+    awq_tile.tile_launch(x, words, sz, cfg)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = awq_tile.tile_launch(x, words, sz, cfg)
+    for _ in range(2):  # the counters are zero again after each replay
+        x.copy_(torch.randn(48, K, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(y, x.float() @ w) < 1e-2
 
 
 def test_awq_linear_with_the_mma_layout_across_the_cut_over_and_in_a_graph(monkeypatch):
@@ -91,9 +126,10 @@ def test_a_layer_in_the_mma_layout_alone(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["1", "small"])
 def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, monkeypatch, mode):
-    """bf16 (the kernel's dtype), CUDA graphs on; only mma configs are candidates, so every
-    layer of a decode step with up to 32 tokens runs the kernel. "small": the test model's
-    layers are all small, so they hold the mma layout alone (prefill on the dequantized one)."""
+    """bf16 (the kernels' dtype), CUDA graphs on; only one config of a kernel is a candidate at
+    each M, so every layer of a decode step runs awq_mma, and of a prefill step up to 256
+    tokens awq_tile (its 128-column blocks divide every layer of the test model). "small":
+    the test model's layers are all small, so they hold the mma layout alone."""
     from engine import LLM, SamplingParams
     from tests import models
 
@@ -112,13 +148,24 @@ def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, mo
     calls = []
     launch = awq_mma.mma_launch
     monkeypatch.setattr(awq_mma, "mma_launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
-    monkeypatch.setattr(awq_configs, "small_m_configs", lambda M, N: awq_mma.mma_configs(M, N)[:1])
+    tiles = []
+    tile = awq_tile.tile_launch
+    monkeypatch.setattr(awq_tile, "tile_launch", lambda *a, **k: tiles.append(1) or tile(*a, **k))
+
+    def only_the_kernels(M, N, K, mma_max, sms=None, smem=None):
+        """awq_mma's first config up to 16 tokens, awq_tile's first from 17 (the prompts'
+        prefill, 35-77 tokens a step), the layer's other path where neither launches."""
+        if M <= 16:
+            return awq_mma.mma_configs(M, N)[:1]
+        return awq_tile.tile_configs(next_pow2(M), N, K, sms, smem)[:1] or [awq_configs.OTHER_LAYOUT]
+
+    monkeypatch.setattr(awq_configs, "small_m_configs", only_the_kernels)
     monkeypatch.setenv(awq_mma.ENV, mode)
     mma = LLM(dst, **kw).generate(prompts, params)
-    assert calls  # the kernel ran (captured in the decode graphs, or eagerly)
+    assert calls and tiles  # the kernels ran (captured in the decode graphs, or eagerly)
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(kpack, mma))
     assert same >= 5, same  # bf16 sums in another order may flip a near tie
-    for a, b in zip(kpack, mma):  # the prompts (35-70 tokens) prefill on kpack; every later token decodes on the kernel
+    for a, b in zip(kpack, mma):  # every token decodes on awq_mma after prefills partly on awq_tile
         if a.outputs[0].token_ids == b.outputs[0].token_ids:
             for la, lb, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids):
                 # bf16 logits of magnitude 8-16 round to steps of 1/16 (the H200 showed gaps up to 0.073)

@@ -223,7 +223,7 @@ def test_a_buckets_candidates_launch_at_every_m_of_the_bucket():
     for N in (16, 64, 4608):
         for M in range(1, awq_mma.KERNEL_MAX_M + 1):
             bucket = [m for m in range(1, awq_mma.KERNEL_MAX_M + 1) if dispatch.next_pow2(m) == dispatch.next_pow2(M)]
-            for cfg in awq_configs.small_m_configs(M, N)[1:]:
+            for cfg in awq_configs.small_m_configs(M, N, 256, awq_mma.KERNEL_MAX_M)[1:]:
                 assert all(awq_mma.fits(cfg["nw"], -(-m // 8), cfg.get("ntb", 1)) for m in bucket), (M, N, cfg)
     assert awq_mma.fits(8, 3, 4) and not awq_mma.fits(8, 4, 4)  # the case above: in mma_configs(17), not in (32)
     assert {"kind": "mma", "nw": 8, "u": 2, "ntb": 4} in awq_mma.mma_configs(17, 64)
