@@ -361,9 +361,10 @@ def main():
                     help="also run E1 with async_scheduling off (every step waits for its samples)")
     ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
     ap.add_argument("--fp8-kv-too", action="store_true", help="also run E1 with kv_cache_dtype=fp8")
-    ap.add_argument("--awq-mma-too", nargs="*", choices=["1", "small"], default=None, metavar="MODE",
+    ap.add_argument("--awq-mma-too", nargs="*", choices=["1", "small", "all"], default=None, metavar="MODE",
                     help="also run E1 with LLM_KERNELS_AWQ_MMA set to each MODE (default 1): 1 keeps "
-                         "llm_kernels/awq_mma.py's layout beside kpack, small keeps it alone on the small layers")
+                         "llm_kernels/awq_mma.py's layout beside kpack, small keeps it alone on the small layers, "
+                         "all on every bf16 layer")
     ap.add_argument("--e1-weights", nargs="+", default=["awq"], choices=list(WEIGHTS),
                     help="E1's weight formats, each its own run (awq always runs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))

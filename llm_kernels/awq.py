@@ -7,7 +7,8 @@ llm_kernels.awq_ckpt on CUDA and under the interpreter; the reference otherwise)
 repacked once into the K-packed layout of llm_kernels.awq_kpack, the engine's
 decode path; with LLM_KERNELS_AWQ_MMA=1 also into llm_kernels.awq_mma's layout,
 whose CUDA C++ kernels the tuner may pick for bf16 (awq_mma at M <= 32, awq_tile at 17 <= M
-<= 256); with LLM_KERNELS_AWQ_MMA=small the small bf16 layers into that layout only.
+<= 256); with LLM_KERNELS_AWQ_MMA=small the small bf16 layers into that layout only, with
+LLM_KERNELS_AWQ_MMA=all every bf16 layer.
 """
 from dataclasses import dataclass
 from typing import Optional

@@ -5,7 +5,8 @@ Hopper: mma.sync only). Opt-in (LLM_KERNELS_AWQ_MMA, llm_kernels.awq.awq_prepare
 the layer holds its 4-bit weights twice, and for M <= MAX_M the tuner picks per shape
 between this kernel's configs and the kpack kernel (benchmarks/NOTES.md, session 18); with
 "small" the small bf16 layers hold this layout alone, the kernel taking M <= KERNEL_MAX_M and
-llm_kernels.awq_mma_dequant + cuBLAS the rest.
+llm_kernels.awq_mma_dequant + cuBLAS the rest (or llm_kernels.awq_tile up to 256 tokens, by the
+tuner); with "all" every bf16 layer does (to be measured: a default without a second copy).
 
 Why (benchmarks/w4a16_cuda_proto.py on the H200): at M <= 16 the Triton kpack kernel
 issues on under half the cycles and round-trips the weights through shared memory; here
@@ -61,7 +62,7 @@ SC_MAX_MT = 4
 # fewer tiles use 64 registers or fewer anyway, more spill under the cap
 MB_MT = (3, 4)
 ENV = "LLM_KERNELS_AWQ_MMA"
-MODES = ("0", "1", "small")
+MODES = ("0", "1", "small", "all")
 # "small": layers of at most this many weights keep the mma layout alone (no kpack copy). On the
 # H200 the kernel is 1.4-1.8x kpack on Qwen2.5-7B's qkv and o (16.5M and 12.8M weights) and
 # 1.03-1.11x on its two large layers, at M <= 8 only (benchmarks/NOTES.md, session 19)
@@ -71,7 +72,9 @@ SMALL_WEIGHTS = 1 << 25
 def mode() -> str:
     """LLM_KERNELS_AWQ_MMA: "0" (the default) no mma layout; "1" every layer it fits keeps it
     beside kpack (one more copy of the 4-bit weights); "small" bf16 layers of at most
-    SMALL_WEIGHTS weights keep it instead of kpack (no extra memory), the others kpack only."""
+    SMALL_WEIGHTS weights keep it instead of kpack (no extra memory), the others kpack only;
+    "all" every bf16 layer keeps it instead of kpack (awq_mma, awq_tile or the dequantized
+    layout and cuBLAS, by the tuner, up to 256 tokens; the dequantized layout above)."""
     value = os.environ.get(ENV, "0").strip() or "0"
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(MODES)}")
@@ -87,8 +90,8 @@ def layout_choice(K: int, N: int, dtype, how: str) -> tuple:
     """(keep the mma layout, keep it alone) for a K x N layer of dtype under mode `how`."""
     if how == "1":
         return True, False
-    small = how == "small" and K * N <= SMALL_WEIGHTS and dtype == torch.bfloat16
-    return small, small
+    alone = dtype == torch.bfloat16 and (how == "all" or how == "small" and K * N <= SMALL_WEIGHTS)
+    return alone, alone
 
 
 def layout_fits(K: int, N: int, group_size: int) -> bool:

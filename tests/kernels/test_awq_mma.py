@@ -174,7 +174,7 @@ def test_the_dequant_kernel_undoes_the_layout(K, N, G, monkeypatch):
 def test_the_mode_and_which_layers_keep_the_layout(monkeypatch):
     monkeypatch.delenv(awq_mma.ENV, raising=False)
     assert awq_mma.mode() == "0" and not awq_mma.enabled()
-    for value in ("1", "small", "0"):
+    for value in ("1", "small", "all", "0"):
         monkeypatch.setenv(awq_mma.ENV, value)
         assert awq_mma.mode() == value
     monkeypatch.setenv(awq_mma.ENV, "yes")
@@ -186,6 +186,8 @@ def test_the_mode_and_which_layers_keep_the_layout(monkeypatch):
     assert awq_mma.layout_choice(3584, 4608, fp16, "small") == (False, False)  # the kernel takes bf16 only
     assert awq_mma.layout_choice(3584, 37888, fp16, "1") == (True, False)  # "1": beside kpack, every layer
     assert awq_mma.layout_choice(64, 16, bf16, "0") == (False, False)
+    assert awq_mma.layout_choice(3584, 37888, bf16, "all") == (True, True)  # "all": every bf16 layer, alone
+    assert awq_mma.layout_choice(3584, 4608, fp16, "all") == (False, False)
 
 
 @pytest.mark.parametrize("interpret", ["1", "0"])
