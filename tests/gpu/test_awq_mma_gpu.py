@@ -142,7 +142,9 @@ def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, mo
     # what 6 prompts need (alone on a fresh machine the test did not finish in 250 s, session 19;
     # with 8 sequences, mode "small" still ran past 170 s, session 20, tuning the mixed steps'
     # token ladder up to 512)
-    kw = dict(device="cuda", dtype="bfloat16", num_kv_blocks=256, max_num_seqs=8, max_cudagraph_tokens=0)
+    # 128 tokens a step: the 300 prompt tokens prefill in chunks of 17-128 (awq_tile's range), not at once
+    kw = dict(device="cuda", dtype="bfloat16", num_kv_blocks=256, max_num_seqs=8, max_cudagraph_tokens=0,
+              max_num_batched_tokens=128)
     kpack = LLM(dst, **kw).generate(prompts, params)
 
     calls = []
@@ -154,7 +156,7 @@ def test_an_engine_decoding_on_the_kernel_generates_what_kpack_does(tmp_path, mo
 
     def only_the_kernels(M, N, K, mma_max, sms=None, smem=None):
         """awq_mma's first config up to 16 tokens, awq_tile's first from 17 (the prompts'
-        prefill, 35-77 tokens a step), the layer's other path where neither launches."""
+        prefill chunks), the layer's other path where neither launches."""
         if M <= 16:
             return awq_mma.mma_configs(M, N)[:1]
         return awq_tile.tile_configs(next_pow2(M), N, K, sms, smem)[:1] or [awq_configs.OTHER_LAYOUT]
