@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's open proofs on the H200 in one device call, cheapest first, each step's output
+# Issue 20's open proofs on the H200 in a few device calls, cheapest first, each step's output
 # written to $OUT as it ends (a call cut by its limit still returns what it finished), the
 # tuner's choices kept in .tunecache (LLM_KERNELS_CACHE_DIR) and packed into $OUT after every
 # step: unpack that tarball into the repository before a later call and carry .tunecache, or
