@@ -32,6 +32,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from llm_kernels import awq_configs, awq_gemv, awq_kpack, dispatch  # noqa: E402
+from llm_kernels.cuda_compile import ptxas_numbers  # noqa: E402
 
 SHAPES = {"down": (3584, 18944), "gate_up": (37888, 3584), "qkv": (4608, 3584)}
 MS = (16, 64, 128, 256)
@@ -174,12 +175,6 @@ def histogram(ins: list, lo=None, hi=None, cold=()) -> dict:
             if b:
                 c[b] += 1
     return dict(c)
-
-
-def ptxas_numbers(log: str) -> dict:
-    grab = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None  # noqa: E731
-    return {"regs": grab(r"Used (\d+) registers"), "stack": grab(r"(\d+) bytes stack frame"),
-            "spill_st": grab(r"(\d+) bytes spill stores"), "spill_ld": grab(r"(\d+) bytes spill loads")}
 
 
 def analyse(job: tuple) -> dict:

@@ -309,7 +309,12 @@ def fits(M: int, N: int, K: int, cfg: dict, sms: int, smem_max: int) -> bool:
 
 def smem_limit(device) -> int:
     """The shared memory a block may opt in to (227 KB on Hopper, 163 on the A100, 99 on Ada)."""
-    props = torch.cuda.get_device_properties(device)
+    return _smem_limit(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@lru_cache(maxsize=None)
+def _smem_limit(index: int) -> int:  # read once a device: tile_launch asks at every eager launch
+    props = torch.cuda.get_device_properties(index)
     return int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
 
 

@@ -9,7 +9,7 @@ any order, as on a GPU. The CUDA kernel itself runs on a GPU only
 """
 import torch
 
-from llm_kernels.awq_tile import grid_for, unit_range, units
+from llm_kernels.awq_tile import block_of, grid_for, slot, unit_range, units
 
 LANE = torch.arange(32)
 G_, T_ = LANE // 4, LANE % 4  # a lane's group and thread in the group
@@ -176,16 +176,16 @@ class _Launch:
                     keep = tok < self.M
                     self.Y[(tok * self.N + col0 + col)[keep]] = _bits(acc[warp, b])[keep]
                 else:
-                    base = (2 * blk + (0 if u0 >= t0 else 1)) * BM * BN
+                    base = slot(blk, t0, TL, G) * BM * BN
                     self.P[(base + rows * BN + col).flatten()] = acc[warp, b].flatten()
         if not whole:
-            first, lastb = (((q + 1) * G - 1) // TL for q in (t0, t0 + KI - 1))
+            first, lastb = block_of(t0, TL, G), block_of(t0 + KI - 1, TL, G)
             self.CNT[tile] += 1
             if self.CNT[tile] - 1 == lastb - first:  # the last of the tile's blocks: add them in order
                 idx = torch.arange(BM * BN)
                 s = torch.zeros(BM * BN, dtype=torch.float32)
                 for bq in range(first, lastb + 1):
-                    s = s + self.P[(2 * bq + (0 if TL * bq // G >= t0 else 1)) * BM * BN + idx]
+                    s = s + self.P[slot(bq, t0, TL, G) * BM * BN + idx]
                 tok = tok0 + idx // BN
                 keep = tok < self.M
                 self.Y[(tok * self.N + col0 + idx % BN)[keep]] = _bits(s)[keep]
