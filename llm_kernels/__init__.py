@@ -8,16 +8,9 @@ from llm_kernels.dispatch import use_triton
 from llm_kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from llm_kernels.dense import dense_linear
 from llm_kernels.attention import paged_decode_attention, paged_prefill_attention
-from llm_kernels.awq_cpu import awq_cpu_linear, awq_cpu_prepare, awq_int4_pack
-from llm_kernels.awq import (
-    AWQPrepared,
-    awq_dequantize,
-    awq_gemm,
-    awq_linear,
-    awq_prepare,
-    pack_awq_int4,
-    unpack_awq_int4,
-)
+from llm_kernels.w4a16 import W4A16Weight, awq_dequantize, awq_gemm, pack_awq_int4, unpack_awq_int4
+from llm_kernels.w4a16 import linear as w4a16_linear
+from llm_kernels.w4a16 import prepare as w4a16_prepare
 from llm_kernels.kv_cache import FP8_DTYPES, write_kv_cache
 from llm_kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from llm_kernels.norm import fused_add_rms_norm, rms_norm
@@ -32,16 +25,10 @@ __all__ = [
     "fused_moe",
     "fused_moe_awq",
     "moe_align",
-    "AWQPrepared",
-    "awq_cpu_linear",
-    "awq_cpu_prepare",
-    "awq_int4_pack",
     "apply_token_bitmask",
     "awq_dequantize",
     "awq_gemm",
-    "awq_linear",
     "dense_linear",
-    "awq_prepare",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",
     "logits_summary",
@@ -52,6 +39,9 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "unpack_awq_int4",
+    "W4A16Weight",
+    "w4a16_linear",
+    "w4a16_prepare",
     "use_triton",
     "write_kv_cache",
 ]

@@ -8,7 +8,7 @@ see (past its context, before its window, the unused tail of a block) are masked
 and zeroed in K and V: a stale NaN or inf left in a reused block cannot leak through 0 * NaN or
 NaN - inf. Gemma 2's soft-capping has no place in SDPA: those layers take the reference.
 Decode, batch 8 of SmolLM2-135M's heads at 60-110 keys on this 2-core machine: ~0.6 ms a call
-against the reference's 1.0-1.3 ms (benchmarks/NOTES.md, session 15).
+against the reference's 1.0-1.3 ms.
 """
 import torch
 import torch.nn.functional as F

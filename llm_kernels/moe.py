@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from llm_kernels import moe_gemm
-from llm_kernels.awq_format import awq_dequantize, check_awq_shapes
+from llm_kernels.w4a16.awq_format import awq_dequantize, check_awq_shapes
 from llm_kernels.dispatch import autotune, next_pow2, use_triton
 
 

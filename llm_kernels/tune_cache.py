@@ -1,7 +1,7 @@
 """The tuner's choices kept on disk, so that a process starting where an earlier one
 tuned (a RunPod worker on the same network volume, the same machine again) takes
 them instead of compiling and timing every candidate again: a cold start of a 7B
-AWQ model spent minutes in the tuner (benchmarks/NOTES.md, session 17).
+AWQ model spent minutes in the tuner.
 
 One JSON file a GPU model and software: its name carries a hash of the identity
 (GPU name, compute capability, SM count, torch, CUDA, Triton, and the source of
@@ -45,13 +45,16 @@ def default_dir() -> str | None:
 
 
 def source_hash() -> str:
-    """sha256 of this package's Python sources: a kernel or candidate list edited is a new cache."""
+    """sha256 of this package's Python sources, subpackages included: a kernel or candidate
+    list edited is a new cache."""
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
-            h.update(name.encode())
-            with open(os.path.join(here, name), "rb") as f:
+    for folder, dirs, files in os.walk(here):
+        dirs.sort()  # a fixed walk order
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            h.update(os.path.relpath(path, here).encode())
+            with open(path, "rb") as f:
                 h.update(f.read())
     return h.hexdigest()
 

@@ -129,7 +129,7 @@ def round_to_nearest_awq(src: str, dst: str, group: int) -> str:
     between tensor-parallel sizes needs only the format)."""
     from safetensors.torch import load_file, save_file
 
-    from llm_kernels.awq import pack_awq_int4
+    from llm_kernels import pack_awq_int4
 
     if os.path.exists(os.path.join(dst, "config.json")):
         return dst

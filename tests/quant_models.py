@@ -17,6 +17,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLMC_VENV = os.environ.get("LLMC_VENV", os.path.join(ROOT, ".venv-llmc"))
 
 
+def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """int [R, C] of 0..2^bits-1 -> int32 [R/(32/bits), C] (GPTQ's qweight packing)."""
+    per = 32 // bits
+    rows, cols = values.shape
+    assert rows % per == 0, f"packed dimension {rows} must be a multiple of {per}"
+    v = values.to(torch.int64).reshape(rows // per, per, cols)
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=values.device).view(1, per, 1)
+    packed = (v << shifts).sum(1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def pack_cols(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """int [R, C] -> int32 [R, C/(32/bits)] (GPTQ's qzeros packing)."""
+    return pack_rows(values.t(), bits).t().contiguous()
+
+
+def ct_pack(q_unsigned: torch.Tensor, bits: int) -> torch.Tensor:
+    """int [N, K] of 0..2^bits-1 -> compressed-tensors' weight_packed int32 [N, K*bits/32]."""
+    return pack_rows(q_unsigned.t(), bits).t().contiguous()
+
+
 def llmc_python() -> str | None:
     """.venv-llmc's python, made by scripts/llmc_venv.sh when missing (None: it could not be)."""
     env = {**os.environ, "LLMC_VENV": LLMC_VENV}
@@ -92,8 +113,6 @@ def gptq_checkpoint(src: str, dst: str, bits: int = 4, group: int = 128, sym: bo
     Act-order: one random order per input (q/k/v share theirs, as GPTQ's Hessian
     order does) or, shared_order False, one per projection."""
     from safetensors.torch import load_file
-
-    from llm_kernels.gptq_format import pack_cols, pack_rows
 
     ref = dst + "-ref"
     if os.path.exists(os.path.join(ref, "config.json")):

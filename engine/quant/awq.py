@@ -1,5 +1,5 @@
 """AWQ: 4-bit AutoAWQ "GEMM" checkpoints (qweight/qzeros int32 packed 8 along N,
-fp16 scales per group), read from quantization_config and run by llm_kernels.awq_linear."""
+fp16 scales per group), read from quantization_config and run by llm_kernels.w4a16_linear."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,11 +18,8 @@ PACK = 8  # int4 values per int32, along the output features
 
 @dataclass(frozen=True, slots=True)
 class AWQ(QuantMethod):
-    """On CUDA through llm_kernels.awq_linear (the weights repacked once into the K-packed
-    layout of the Triton W4A16 GEMM); on the CPU outside the Triton interpreter through
-    llm_kernels.awq_cpu_linear (torch's CPU int4 kernel for steps of few rows, the weight
-    dequantized once after loading for the others); elsewhere llm_kernels.awq_gemm.
-    Under tensor parallelism "column" slices N (packed 8 per int32), "row" slices K
+    """Run by llm_kernels.w4a16_linear on the layout llm_kernels.w4a16_prepare gives the layer
+    for its device (docs/kernels.md says which kernel runs where). Under tensor parallelism "column" slices N (packed 8 per int32), "row" slices K
     (whole groups)."""
 
     group_size: int
@@ -64,9 +61,7 @@ class AWQ(QuantMethod):
         layer.register_buffer("qzeros", torch.zeros(g, n // PACK, dtype=torch.int32, device=device))
         layer.register_buffer("scales", torch.zeros(g, n, dtype=dtype, device=device))
         layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
-        layer.dense = None  # the dequantized weight, on the CPU
-        layer.int4 = None  # llm_kernels.awq_cpu's pack of it, on the CPU
-        layer.prepared = None  # llm_kernels.AWQPrepared, on CUDA
+        layer.w4a16 = None  # llm_kernels.W4A16Weight, made by finalize
 
     def tensor_names(self, layer) -> list[str]:
         return ["qweight", "qzeros", "scales"] + (["bias"] if layer.bias is not None else [])
@@ -92,22 +87,10 @@ class AWQ(QuantMethod):
             raise KeyError(name)
 
     def finalize(self, layer) -> None:
-        if layer.qweight.is_cuda:
-            layer.prepared = llm_kernels.awq_prepare(layer.qweight, layer.qzeros, layer.scales, self.group_size)
-            if layer.prepared.qweight is None:  # repacked: the checkpoint copy is not needed any more
-                layer.qweight = torch.empty(0, dtype=torch.int32, device=layer.qweight.device)
-                layer.qzeros = torch.empty(0, dtype=torch.int32, device=layer.qzeros.device)
-        elif not llm_kernels.use_triton(layer.qweight):
-            layer.dense, layer.int4 = llm_kernels.awq_cpu_prepare(layer.qweight, layer.qzeros, layer.scales,
-                                                              self.group_size)
+        layer.w4a16 = llm_kernels.w4a16_prepare(layer.qweight, layer.qzeros, layer.scales, self.group_size)
+        if layer.qweight.is_cuda and layer.w4a16.qweight is None:  # repacked: the checkpoint copy can go
+            layer.qweight = torch.empty(0, dtype=torch.int32, device=layer.qweight.device)
+            layer.qzeros = torch.empty(0, dtype=torch.int32, device=layer.qzeros.device)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if layer.dense is not None:
-            return llm_kernels.awq_cpu_linear(x, layer.dense, layer.int4, bias)
-        if layer.prepared is not None:
-            y = llm_kernels.awq_linear(x, layer.prepared)
-            return y + bias if bias is not None else y
-        shape = x.shape
-        y = llm_kernels.awq_gemm(x.reshape(-1, shape[-1]), layer.qweight, layer.qzeros, layer.scales, self.group_size)
-        y = y.reshape(*shape[:-1], y.shape[-1])
-        return y + bias if bias is not None else y
+        return llm_kernels.w4a16_linear(x, layer.w4a16, bias)

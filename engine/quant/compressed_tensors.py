@@ -1,7 +1,7 @@
 """compressed-tensors checkpoints (llm-compressor): "pack-quantized" int4 / int8
 weight-only (W4A16 repacked into AWQ's layout for the AWQ kernels, W8A16
 dequantized at load) and "float-quantized" FP8 weights with dynamic per-token FP8
-activations (W8A8, engine.quant.fp8's layer). llm_kernels.ct_format describes the layout."""
+activations (W8A8, engine.quant.fp8's layer). llm_kernels.w4a16.ct_format describes the layout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from engine.quant.base import QuantMethod
 from engine.quant.fp8 import FP8Scheme, apply_fp8, create_fp8, finalize_fp8, fp8_tensor_names, fp8_tp_dims, load_fp8
 from engine.quant.names import listed, name_matcher
 from engine.quant.repacked import apply_parts, dense_part, int4_parts
-from llm_kernels.ct_format import ct_dequantize, ct_int_view
+from llm_kernels.w4a16.ct_format import ct_dequantize, ct_int_view
 
 INT_FORMATS = ("pack-quantized",)
 FLOAT_FORMATS = ("float-quantized", "naive-quantized")

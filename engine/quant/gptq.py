@@ -1,4 +1,4 @@
-"""GPTQ checkpoints (AutoGPTQ / GPTQModel / optimum; llm_kernels.gptq_format describes the
+"""GPTQ checkpoints (AutoGPTQ / GPTQModel / optimum; llm_kernels.w4a16.gptq_format describes the
 layout): 4-bit repacked at load into AWQ's layout and run by the AWQ kernels
 (act-order permuted to contiguous groups, the activations gathered to match), 8-bit
 dequantized at load."""
@@ -14,7 +14,7 @@ from engine.errors import UnsupportedModelError
 from engine.quant.base import QuantMethod
 from engine.quant.names import listed
 from engine.quant.repacked import apply_parts, dense_part, int4_parts
-from llm_kernels.gptq_format import gptq_dequantize, gptq_unpack
+from llm_kernels.w4a16.gptq_format import gptq_dequantize, gptq_unpack
 
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)

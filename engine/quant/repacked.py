@@ -1,8 +1,7 @@
 """The runtime shared by the integer weight-only formats read in other layouts
 (GPTQ, compressed-tensors pack-quantized): int4 weights repacked at load time into
-AutoAWQ's layout and run by the same kernels as AWQ (llm_kernels.awq_linear on CUDA,
-llm_kernels.awq_cpu_linear on the CPU); int8 weights dequantized at load (no int8 GEMM
-here: twice the int8 bytes in the model's dtype)."""
+AutoAWQ's layout and run by the same kernels as AWQ (llm_kernels.w4a16_linear); int8
+weights dequantized at load (no int8 GEMM here: twice the int8 bytes in the model's dtype)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,25 +9,20 @@ from dataclasses import dataclass
 import torch
 
 import llm_kernels
-from llm_kernels.gptq_format import act_order, int4_to_awq
+from llm_kernels.w4a16.gptq_format import act_order, int4_to_awq
 
 
 @dataclass
 class Part:
     """Output columns [start, end) of a layer: perm (or None) orders the input features
-    as the repacked weight reads them; then one of prepared (CUDA), dense [n, K] or the
-    AWQ-layout tensors for llm_kernels.awq_gemm (the Triton interpreter, and tests)."""
+    as the repacked weight reads them; then either the int4 weight (llm_kernels.W4A16Weight)
+    or a dense [n, K] one."""
 
     start: int
     end: int
     perm: torch.Tensor | None = None
-    group: int = 0
-    qweight: torch.Tensor | None = None
-    qzeros: torch.Tensor | None = None
-    scales: torch.Tensor | None = None
-    prepared: object = None
+    w4a16: object = None
     dense: torch.Tensor | None = None
-    int4: object = None  # llm_kernels.awq_cpu's pack beside dense (int4 parts on the CPU)
 
 
 def int4_parts(shards: list[tuple], group: int, dtype) -> list[Part]:
@@ -47,8 +41,7 @@ def int4_parts(shards: list[tuple], group: int, dtype) -> list[Part]:
     for _, run in runs:
         q, z, s = (torch.cat([r[i] for r in run], dim=1) for i in range(3))
         qweight, qzeros, scales, kg, perm = int4_to_awq(q, z, s, run[0][3], group)
-        part = Part(start, start + q.shape[1], perm, kg, qweight, qzeros, scales.to(dtype))
-        _place(part)
+        part = Part(start, start + q.shape[1], perm, llm_kernels.w4a16_prepare(qweight, qzeros, scales.to(dtype), kg))
         parts.append(part)
         start = part.end
     return parts
@@ -63,36 +56,14 @@ def _same(a, b) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
-def _place(p: Part) -> None:
-    """As llm_kernels.awq wants it on this device (the AWQ method's choice, see engine.quant.awq)."""
-    if p.qweight.is_cuda:
-        p.prepared = llm_kernels.awq_prepare(p.qweight, p.qzeros, p.scales, p.group)
-        p.qweight = p.qzeros = None
-    elif not llm_kernels.use_triton(p.qweight):
-        p.dense, p.int4 = llm_kernels.awq_cpu_prepare(p.qweight, p.qzeros, p.scales, p.group)
-
-
 def apply_parts(parts: list[Part], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x W^T (+ bias) over the layer's parts."""
     outs = []
     for p in parts:
         xp = x.index_select(-1, p.perm) if p.perm is not None else x
         if p.dense is not None:
-            y = llm_kernels.awq_cpu_linear(xp, p.dense, p.int4)
-        elif p.prepared is not None:
-            y = llm_kernels.awq_linear(xp, p.prepared)
+            outs.append(llm_kernels.dense_linear(xp, p.dense))
         else:
-            lead = xp.shape[:-1]
-            y = llm_kernels.awq_gemm(xp.reshape(-1, xp.shape[-1]), p.qweight, p.qzeros, p.scales, p.group)
-            y = y.reshape(*lead, y.shape[-1])
-        outs.append(y)
+            outs.append(llm_kernels.w4a16_linear(xp, p.w4a16))
     y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
     return y + bias if bias is not None else y
-
-
-def drop_dense(parts: list[Part]) -> None:
-    """Forget the CPU's dequantized copies, so that llm_kernels.awq_gemm runs the repacked
-    tensors (tests check both paths agree)."""
-    for p in parts:
-        if p.qweight is not None:
-            p.dense = p.int4 = None

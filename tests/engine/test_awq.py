@@ -9,7 +9,8 @@ import llm_kernels
 from engine import LLM, SamplingParams
 from engine.model.layers import Linear
 from engine.quant import AWQ
-from llm_kernels.awq import pack_awq_int4, unpack_awq_int4
+from llm_kernels import pack_awq_int4, unpack_awq_int4
+from llm_kernels.w4a16.select import CHECKPOINT, HOST, HOST_INT4
 from tests import models
 
 
@@ -102,15 +103,16 @@ def test_autoawq_checkpoint_matches_hf_dequantized(awq_pair):
 
 
 def test_awq_gemm_path_equals_dense_path(awq_pair, monkeypatch):
-    """The CPU keeps a dequantized copy; the awq_gemm path computes the same logits."""
+    """The CPU keeps a dequantized copy; the checkpoint's own tensors compute the same logits."""
     _, dst, _ = awq_pair
     llm = LLM(dst, num_kv_blocks=64, block_size=16)
     prompt = {"prompt_token_ids": list(range(5, 40))}
     params = SamplingParams(max_tokens=6, temperature=0, logprobs=3, ignore_eos=True)
     dense = llm.generate([prompt], params)[0].outputs[0]
-    for lin in llm.engine.model.modules():
-        if isinstance(lin, Linear) and isinstance(lin.method, AWQ):
-            lin.dense = None
+    lins = [m for m in llm.engine.model.modules() if isinstance(m, Linear) and isinstance(m.method, AWQ)]
+    assert lins and all(lin.w4a16.layout in (HOST, HOST_INT4) for lin in lins)
+    for lin in lins:
+        lin.w4a16 = llm_kernels.w4a16_prepare(lin.qweight, lin.qzeros, lin.scales, lin.method.group_size, CHECKPOINT)
     gemm = llm.generate([prompt], params)[0].outputs[0]
     assert gemm.token_ids == dense.token_ids
     for a, b in zip(gemm.logprobs, dense.logprobs):

@@ -8,9 +8,11 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.model.layers import Linear
-from engine.quant.repacked import drop_dense
-from llm_kernels.ct_format import ct_pack, ct_unpack
-from llm_kernels.gptq_format import int4_to_awq, pack_cols, pack_rows, unpack_cols, unpack_rows
+from llm_kernels.w4a16 import weight as w4a16_weight
+from llm_kernels.w4a16.ct_format import ct_unpack
+from llm_kernels.w4a16.select import CHECKPOINT
+from llm_kernels.w4a16.gptq_format import int4_to_awq, unpack_cols, unpack_rows
+from tests.quant_models import ct_pack, pack_cols, pack_rows
 from tests import models, quant_models
 
 MAX_NEW = 8
@@ -41,7 +43,7 @@ def test_ct_packing_matches_compressed_tensors():
 
 def test_act_order_repack_is_the_same_product():
     """A shuffled g_idx: x[:, perm] @ W_awq equals x @ W on the checkpoint's own rows."""
-    from llm_kernels.awq import awq_dequantize
+    from llm_kernels import awq_dequantize
 
     g = torch.Generator().manual_seed(2)
     K, N, G = 128, 32, 32
@@ -114,18 +116,17 @@ def test_gptq_greedy_matches_transformers(gptq_pair, block_size):
     assert llm.engine.spec.quant.name == "gptq"
 
 
-def test_gptq_kernel_path_equals_dense_path(gptq_pair):
-    """The CPU keeps a dequantized copy of the repacked weight; the AWQ GEMM on the
-    repacked tensors (act-order gather included) computes the same logits."""
+def test_gptq_kernel_path_equals_dense_path(gptq_pair, monkeypatch):
+    """The CPU keeps a dequantized copy of the repacked weight; the repacked tensors held in
+    the checkpoint layout (act-order gather included) compute the same logits."""
     path, _ = gptq_pair
-    llm = LLM(path, num_kv_blocks=64, block_size=16)
     prompt = {"prompt_token_ids": list(range(5, 40))}
     params = SamplingParams(max_tokens=4, temperature=0, logprobs=3, ignore_eos=True)
-    dense = llm.generate([prompt], params)[0].outputs[0]
+    dense = LLM(path, num_kv_blocks=64, block_size=16).generate([prompt], params)[0].outputs[0]
+    monkeypatch.setattr(w4a16_weight, "default_layout", lambda *a: CHECKPOINT)
+    llm = LLM(path, num_kv_blocks=64, block_size=16)
     lins = [m for m in llm.engine.model.modules() if isinstance(m, Linear) and hasattr(m, "parts")]
-    assert lins
-    for lin in lins:
-        drop_dense(lin.parts)
+    assert lins and all(p.w4a16.layout == CHECKPOINT for lin in lins for p in lin.parts if p.dense is None)
     gemm = llm.generate([prompt], params)[0].outputs[0]
     assert gemm.token_ids == dense.token_ids
     for a, b in zip(gemm.logprobs, dense.logprobs):

@@ -11,6 +11,12 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+def slow(*values):
+    """A parametrize case that runs only in the long GPU run (`-m slow`, or no -m at all):
+    the default one, `pytest tests/gpu -m "not slow"`, proves each feature in a few minutes."""
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

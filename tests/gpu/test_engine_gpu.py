@@ -7,6 +7,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests import models
+from tests.gpu.conftest import slow
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +64,13 @@ def _hf_logprobs(path, dtype, prompt, gen):
 _HF: dict = {}
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "phi3", "gemma3", "gemma2", "mistral_sw", "qwen3_moe"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("block_size", [16, 32])
+ARCHS = ["qwen2", "llama", "qwen3", "phi3", "gemma3", "gemma2", "mistral_sw", "qwen3_moe"]
+# every architecture in bfloat16 at block 16; float32 and block 32 on two of them by default, the rest slow
+CASES = [(a, "bfloat16", 16) for a in ARCHS] + [("llama", "float32", 32), ("gemma3", "float32", 16)]
+CASES += [slow(a, d, b) for a in ARCHS for d in ("float32", "bfloat16") for b in (16, 32) if (a, d, b) not in CASES]
+
+
+@pytest.mark.parametrize("arch,dtype,block_size", CASES)
 def test_engine_on_cuda_matches_transformers(gpu_ckpts, arch, dtype, block_size):
     """float32: HF's greedy choice at every position of our continuation, logprobs
     within 2e-3. bfloat16: our error against HF float32 is no worse than HF's own
@@ -118,7 +123,7 @@ def test_awq_model_on_cuda_matches_cpu(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from llm_kernels.awq import pack_awq_int4
+    from llm_kernels import pack_awq_int4
 
     src = models.make_checkpoint(str(tmp_path / "dense"), "qwen2", seed=4, hidden_size=256, intermediate_size=512,
                                  num_attention_heads=8, num_key_value_heads=2)

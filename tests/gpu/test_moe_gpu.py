@@ -5,6 +5,8 @@ routing (no host synchronisation inside)."""
 import pytest
 import torch
 
+from tests.gpu.conftest import slow
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 H, INTER, E, TOP_K, G = 2048, 768, 128, 8, 128
@@ -60,7 +62,7 @@ def awq(gen):
     return _awq(H, 2 * INTER, gen, torch.bfloat16), _awq(INTER, H, gen, torch.bfloat16)
 
 
-@pytest.mark.parametrize("T", [1, 16, 256, 1024])
+@pytest.mark.parametrize("T", [1, 256, slow(16), slow(1024)])
 def test_fused_moe_dense_bf16(T, dense, gen):
     from llm_kernels.moe import fused_moe, fused_moe_reference
 
@@ -71,7 +73,7 @@ def test_fused_moe_dense_bf16(T, dense, gen):
     check(out, fused_moe_reference(x, w13, w2, tw, ti), torch.bfloat16, f"fused_moe T={T}")
 
 
-@pytest.mark.parametrize("T", [1, 16, 256, 1024])
+@pytest.mark.parametrize("T", [1, 256, slow(16), slow(1024)])
 def test_fused_moe_awq_g128_bf16(T, awq, gen):
     from llm_kernels.moe import fused_moe_awq, fused_moe_awq_reference
 

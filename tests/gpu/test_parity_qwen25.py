@@ -26,7 +26,7 @@ def ckpts(tmp_path_factory):
     """(dense bf16-valued checkpoint, AWQ checkpoint, dense checkpoint of the AWQ weights dequantized)."""
     from safetensors.torch import load_file, save_file
 
-    from llm_kernels.awq import awq_dequantize, pack_awq_int4
+    from llm_kernels import awq_dequantize, pack_awq_int4
 
     root = tmp_path_factory.mktemp("qwen25")
     dense = models.make_checkpoint(str(root / "dense"), "qwen2", seed=25, **QWEN25_05B)

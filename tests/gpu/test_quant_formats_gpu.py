@@ -6,14 +6,16 @@ import pytest
 import torch
 
 from engine.quant.repacked import apply_parts, int4_parts
-from llm_kernels.awq import AWQPrepared
-from llm_kernels.ct_format import ct_int_view, ct_pack
 from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, fp8_qdq_per_token, scaled_mm_available
-from llm_kernels.gptq_format import gptq_unpack, pack_cols, pack_rows
+from llm_kernels.w4a16.ct_format import ct_int_view
+from llm_kernels.w4a16.gptq_format import gptq_unpack
+from llm_kernels.w4a16.select import KPACK
+from tests.gpu.conftest import slow
+from tests.quant_models import ct_pack, pack_cols, pack_rows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-SHAPES = [(3584, 4608), (18944, 3584), (3584, 37888)]
+SHAPES = [(3584, 4608), slow(18944, 3584), slow(3584, 37888)]
 MS = [1, 16, 100, 512]
 
 
@@ -48,8 +50,7 @@ def _layer(fmt, K, N, G, gen):
 def test_w4a16_formats_run_the_awq_kernel(fmt, G, K, N):
     gen = torch.Generator(device="cuda").manual_seed(K + N + G)
     parts, ref_w = _layer(fmt, K, N, G, gen)
-    assert len(parts) == 1 and isinstance(parts[0].prepared, AWQPrepared)
-    assert parts[0].prepared.qk is not None, "not the K-packed layout of the engine's AWQ kernel"
+    assert len(parts) == 1 and parts[0].w4a16.layout == KPACK, "not the K-packed layout of the W4A16 kernel"
     assert (parts[0].perm is not None) == (fmt == "gptq-act-order")
     for M in MS:
         x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)

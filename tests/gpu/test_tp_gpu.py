@@ -6,6 +6,8 @@ import random
 import pytest
 import torch
 
+from tests.gpu.conftest import slow
+
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast on the lent machines
 
 from engine import LLM, SamplingParams  # noqa: E402
@@ -49,7 +51,7 @@ def _run(path, tp: int, **kw):
 
 
 @pytest.mark.parametrize("group", [128, None])
-@pytest.mark.parametrize("rows", [1, 16, 600])
+@pytest.mark.parametrize("rows", [1, 600, slow(16)])
 def test_sharded_linears_of_real_shapes_recombine_on_cuda(group, rows):
     for k, sizes, split in QWEN25_7B_LINEARS:
         err = sharded_linears_recombine("cuda", k, sizes, group, split, rows, bias=split == "column")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from tests.kernels.kernel_checks import assert_close
 
-from llm_kernels.awq_format import awq_dequantize, pack_awq_int4
+from llm_kernels import awq_dequantize, pack_awq_int4
 from llm_kernels.moe import (
     AWQExperts,
     awq_experts_dequantize,

@@ -175,3 +175,15 @@ def test_off_means_nothing_is_stored(fake_gpu, name, monkeypatch, tmp_path):
 def test_the_source_hash_follows_the_package():
     digest = tune_cache.source_hash()
     assert len(digest) == 64 and digest == tune_cache.source_hash()
+
+
+def test_the_source_hash_covers_subpackages(tmp_path, monkeypatch):
+    """An edit in a subpackage (the W4A16 kernels live in llm_kernels/w4a16/) is a new cache."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 1\n")
+    monkeypatch.setattr(tune_cache, "__file__", str(pkg / "tune_cache.py"))
+    before = tune_cache.source_hash()
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    assert tune_cache.source_hash() != before

@@ -1,5 +1,5 @@
 """compressed-tensors' "pack-quantized" format (llm-compressor's W4A16 / W8A16):
-packing, dequantizing, and the view of it that llm_kernels.gptq_format.int4_to_awq repacks.
+packing, dequantizing, and the view of it that llm_kernels.w4a16.gptq_format.int4_to_awq repacks.
 
 weight_packed int32 [N, K*bits/32] packs input features along K, value k at bits
 `bits*(k % (32/bits))`, each stored as q + 2^(bits-1) (unsigned); weight_scale
@@ -10,7 +10,7 @@ q and zp; with both offset by 2^(bits-1) this is AWQ's (u - z) * s.
 """
 import torch
 
-from llm_kernels.gptq_format import pack_rows, unpack_rows
+from llm_kernels.w4a16.gptq_format import unpack_rows
 
 
 def ct_unpack(weight_packed, bits: int, in_features: int) -> torch.Tensor:
@@ -21,16 +21,6 @@ def ct_unpack(weight_packed, bits: int, in_features: int) -> torch.Tensor:
 def ct_unpack_zeros(zero_point, bits: int, out_features: int) -> torch.Tensor:
     """int32 [N*bits/32, G] -> int32 [G, N] of unsigned zero points."""
     return unpack_rows(zero_point, bits)[:out_features].t().contiguous()
-
-
-def ct_pack(q_unsigned: torch.Tensor, bits: int) -> torch.Tensor:
-    """int [N, K] of 0..2^bits-1 -> weight_packed int32 [N, K*bits/32]."""
-    return pack_rows(q_unsigned.t(), bits).t().contiguous()
-
-
-def ct_pack_zeros(z_unsigned: torch.Tensor, bits: int) -> torch.Tensor:
-    """int [N, G] of 0..2^bits-1 -> weight_zero_point int32 [N*bits/32, G]."""
-    return pack_rows(z_unsigned, bits)
 
 
 def ct_int_view(weight_packed, scale, zero_point, g_idx, bits: int, in_features: int):

@@ -1,9 +1,9 @@
-"""AWQ W4A16 GEMM on a K-packed layout made once at load time ("kpack"): the
-repack, its reference, the Triton kernel and its launcher (llm_kernels.awq_configs
-picks the config per shape).
+"""W4A16 GEMM on a K-packed layout made once at load time ("kpack"): the repack, its
+reference, the Triton kernel and its launcher (llm_kernels.w4a16.configs holds its
+candidate configs, the tuner picks one per shape).
 
 AutoAWQ packs 8 columns into a word, so a weight tile's 8 nibble planes are
-8 column sets and need 8 accumulators (llm_kernels.awq_ckpt). Here 16-bit words
+8 column sets and need 8 accumulators (llm_kernels.w4a16.ckpt). Here 16-bit words
 pack 4 rows instead. A block of 128 rows starting at k0 is 32 rows of
 half-words: row 16 h + r (h = 0, 1; r = 0..15) holds in nibble j the weight
 of row k0 + 16 (4 h + j) + r, column n. Nibble j of the [16, BLOCK_N] tile of
@@ -11,7 +11,7 @@ half h is then the weight slice of rows k0 + 16 p .. k0 + 16 p + 15 (p = 4 h
 + j): eight `tl.dot`s of K = 16 per block, all into one accumulator. The
 half-word matrix [K/4, N] is stored in stripes of STRIPE columns ([N/S, K/4,
 S]), so a block of one stripe is one contiguous run (4 KB) instead of 32 rows
-of 128 bytes N apart (1-2% faster at M <= 16 on the H200, benchmarks/NOTES.md).
+of 128 bytes N apart (1-2% faster at M <= 16 on the H200).
 
 On CUDA one inline-PTX routine turns two neighbouring half-words (rows k and
 k + 1 of one column: the pair a thread holds for the tensor core's operand)
@@ -19,11 +19,7 @@ into two 16-bit floats q - z: shift, one LOP3 that masks the nibbles and ORs
 in 0x4300 (128.0 in bf16; 0x6400 = 1024.0 in fp16) so each half is OFF + q
 exactly, and one packed FMA that adds -(OFF + z). The half-words come in by
 ldmatrix from shared memory, pipelined over num_stages; no byte shuffles.
-The per-group scale is applied to the float32 partial sum of the group, or
-("fold", a tuner candidate) multiplies the dequantized weights (one more
-packed FMA a pair, rounded once, as a dequantized checkpoint is): no second
-float32 accumulator, fewer registers and spills in the sm_90 SASS, yet
-slower on the H200 for most configs (benchmarks/NOTES.md).
+The per-group scale is applied to the float32 partial sum of the group.
 A "swap" config computes out^T = W^T x^T instead: the dequantized weights are
 the dot's first operand, which Hopper's wgmma takes from registers, and x^T
 the second, which it reads from shared memory: a warpgroup's wgmma covers 64
@@ -50,10 +46,9 @@ from typing import Optional
 import torch
 import triton.language as tl
 
-from llm_kernels import awq_gemv
-from llm_kernels.awq_format import unpack_awq_int4
 from llm_kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
-from llm_kernels.workspace import WS_FLOATS, WS_TILES, workspace
+from llm_kernels.w4a16.awq_format import unpack_awq_int4
+from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 ROWS = 128  # rows of K per packed block: 8 planes of 16
 STRIPE = 64  # columns a stripe of qk: a block of one stripe is 4 KB contiguous
@@ -101,33 +96,23 @@ def kpack_dequantize_reference(qk, zeros, scales, group_size: int, dtype=torch.f
 
 
 @lru_cache(maxsize=None)
-def dequant_asm(j: int, dtype, scaled: bool = False) -> str:
-    """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice);
-    scaled: (q - z) * s ($3: the scale twice), rounded once (q - z is exact), by an FMA with -0
-    (sm_80 has no bf16x2 multiply)."""
+def dequant_asm(j: int, dtype) -> str:
+    """PTX for nibble j of two packed half-words -> two 16-bit floats q - z ($2: -(OFF + z) twice)."""
     magic, one, fma = (("0x43004300", "0x3F803F80", "fma.rn.bf16x2") if dtype == torch.bfloat16
                        else ("0x64006400", "0x3C003C00", "fma.rn.f16x2"))
     shift = f"shr.b32 t, $1, {4 * j}; lop3.b32 t, t, 0x000F000F, {magic}, 0xEA;" if j else \
         f"lop3.b32 t, $1, 0x000F000F, {magic}, 0xEA;"
-    if not scaled:
-        return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
-    return ("{ .reg .b32 t, one, nz; " + shift + f" mov.b32 one, {one}; mov.b32 nz, 0x80008000;"
-            f" {fma} t, t, one, $2; {fma} $0, t, $3, nz; }}")
+    return "{ .reg .b32 t, one; " + shift + f" mov.b32 one, {one}; {fma} $0, t, one, $2; }}"
 
 
 @jit_helper
-def _plane(h, j: tl.constexpr, nz, zf, sb, like, ASM: tl.constexpr, EXACT: tl.constexpr, FOLD: tl.constexpr):
+def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
     """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
-    dtype (float32 when EXACT), times the scale when FOLD; nz, zf and sb (the scale in
-    like's dtype) are broadcast to h's shape."""
+    dtype (float32 when EXACT); nz and zf are broadcast to h's shape."""
     if EXACT:
         b = ((h.to(tl.int32) >> (4 * j)) & 0xF).to(tl.float32) - zf
-        if FOLD:
-            b = b * sb.to(tl.float32)
         if like.dtype != tl.float32:
             b = b.to(like.dtype)
-    elif FOLD:
-        b = tl.inline_asm_elementwise(ASM, "=r,r,r,r", [h, nz, sb], dtype=like.dtype, is_pure=True, pack=2)
     else:
         b = tl.inline_asm_elementwise(ASM, "=r,r,r", [h, nz], dtype=like.dtype, is_pure=True, pack=2)
     return b
@@ -181,7 +166,7 @@ def _kpack_kernel(
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, FOLD: tl.constexpr, S: tl.constexpr,
+    SWAP: tl.constexpr, S: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
     of the tile-major (tile, 128-row block) sequence in one flat loop, so the
@@ -192,9 +177,8 @@ def _kpack_kernel(
     pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
     SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand
     (held in registers, where Hopper's wgmma takes its A) and x^T as the second
-    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. FOLD: the
-    scales multiply the dequantized weights (rounded once to x's dtype, as a dequantized
-    checkpoint is) instead of each group's float32 sum. S: the stripe width of qk."""
+    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. S: the stripe
+    width of qk."""
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
@@ -235,7 +219,7 @@ def _kpack_kernel(
             ha = tl.load(hcol, mask=nmask[None, :], other=0)
             hb = tl.load(hcol + 16 * S, mask=nmask[None, :], other=0)
             xrow = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + r16)[None, :]
-        gacc = tl.zeros_like(acc)  # a group's unscaled sum (not FOLD)
+        gacc = tl.zeros_like(acc)  # a group's unscaled sum
         for p in tl.static_range(8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
@@ -247,34 +231,29 @@ def _kpack_kernel(
                 if SWAP:
                     nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
                     zf = zi.to(tl.float32)[:, None]
-                    sb = tl.broadcast_to(sc.to(x_ptr.dtype.element_ty)[:, None], [BLOCK_N, 16])
                 else:
                     nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
                     zf = zi.to(tl.float32)[None, :]
-                    sb = tl.broadcast_to(sc.to(x_ptr.dtype.element_ty)[None, :], [16, BLOCK_N])
             if SWAP:
                 x = tl.load(xrow + 16 * p, mask=mmask[None, :], other=0.0)
             else:
                 x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
             h = ha if p < 4 else hb
             if p % 4 == 0:
-                b = _plane(h, 0, nz, zf, sb, x, A0, EXACT, FOLD)
+                b = _plane(h, 0, nz, zf, x, A0, EXACT)
             elif p % 4 == 1:
-                b = _plane(h, 1, nz, zf, sb, x, A1, EXACT, FOLD)
+                b = _plane(h, 1, nz, zf, x, A1, EXACT)
             elif p % 4 == 2:
-                b = _plane(h, 2, nz, zf, sb, x, A2, EXACT, FOLD)
+                b = _plane(h, 2, nz, zf, x, A2, EXACT)
             else:
-                b = _plane(h, 3, nz, zf, sb, x, A3, EXACT, FOLD)
-            if FOLD:  # straight into acc: no per-group float32 sum
-                acc = _mma(x, b, acc, SWAP, EXACT)
-            else:
-                gacc = _mma(x, b, gacc, SWAP, EXACT)
-                if (p + 1) % PPG == 0:
-                    if SWAP:
-                        acc += gacc * sc[:, None]
-                    else:
-                        acc += gacc * sc[None, :]
-                    gacc = tl.zeros_like(acc)
+                b = _plane(h, 3, nz, zf, x, A3, EXACT)
+            gacc = _mma(x, b, gacc, SWAP, EXACT)
+            if (p + 1) % PPG == 0:
+                if SWAP:
+                    acc += gacc * sc[:, None]
+                else:
+                    acc += gacc * sc[None, :]
+                gacc = tl.zeros_like(acc)
         if (blk == NBLK - 1) | (u == u1 - 1):  # this program's part of tile t ends here
             if (u - blk >= u0) & (blk == NBLK - 1):  # the whole tile
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP)
@@ -389,16 +368,10 @@ def program_count(cfg, tiles, nblk, x, N) -> int:
     return max(1, min(per_sm * sm_count(x.device), tiles * nblk))
 
 
-def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, asm=None) -> torch.Tensor:
-    """x [M, K] @ W with one config of llm_kernels.awq_configs (into out when given; a "gemv" config
-    runs llm_kernels.awq_gemv); asm: other PTX
-    for the four nibble planes (benchmarks/kpack_ablate.py times the loop without the dequant)."""
+def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
+    """x [M, K] @ W with one config of llm_kernels.w4a16.configs.kpack_configs (into out when given)."""
     M, K = x.shape
     N = scales.shape[1]
-    if cfg["kind"] == "dense":
-        return x @ dequantize(qk, zeros, scales, group_size, x.dtype)
-    if cfg["kind"] == "gemv":
-        return awq_gemv.launch(x, qk, zeros, scales, group_size, cfg, out)
     BM, BN = cfg["BM"], cfg["BN"]
     nblk = K // ROWS
     tiles = -(-M // BM) * -(-N // BN)
@@ -413,15 +386,12 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, asm=None)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     exact = x.dtype == torch.float32 or not x.is_cuda
     swap = bool(cfg.get("swap"))
-    fold = bool(cfg.get("fold"))
-    if asm is None or exact:
-        asm = [""] * 4 if exact else [dequant_asm(j, x.dtype, fold) for j in range(4)]
+    asm = [""] * 4 if exact else [dequant_asm(j, x.dtype) for j in range(4)]
     kernel = _kpack_kernel[(P,)](
         x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
-        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap,
-        FOLD=fold, S=qk.shape[2],
+        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap, S=qk.shape[2],
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":

@@ -1,4 +1,4 @@
-"""AWQ W4A16 on the CPU: torch's int4 weight-only matmul for a step of few rows, the
+"""W4A16 on the CPU: torch's int4 weight-only matmul for a step of few rows, the
 dequantized dense weight above that.
 
 torch ships a CPU int4 kernel (aten._weight_int4pack_mm_for_cpu, gpt-fast's CPU path):
@@ -8,7 +8,7 @@ leave each weight within 0.08 of a quantization step of the dequantized one (tes
 bfloat16 has a fast path in it: float32 and float16 ran 10-25x slower than the dense matmul
 here, so those models keep the dense weight. Reading a quarter of the bytes, a decode step
 of SmolLM2-135M's 120 linears, cold in cache on this 2-core machine, took 4.9-5.3 ms against
-26.6 ms dense at 1 row and 15.9 against 28.4 ms at 8 (benchmarks/NOTES.md, session 15). Its
+26.6 ms dense at 1 row and 15.9 against 28.4 ms at 8. Its
 work grows with the rows (3x the dense matmul's at 128 rows, hot), so steps above
 INT4_MAX_ROWS rows (prefills, wide batches) take the dense weight. The kernel keeps no
 per-shape state (unlike oneDNN's bf16 matmul, llm_kernels/dense.py).
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llm_kernels.awq_format import awq_dequantize, unpack_awq_int4
-from llm_kernels.dense import dense_linear
+from llm_kernels.w4a16.awq_format import unpack_awq_int4
 
 INT4_MAX_ROWS = 16  # above: the dense matmul (the int4 kernel's crossover, hot in cache: 16-24 rows)
 INT4_GROUPS = (32, 64, 128, 256)
@@ -41,7 +40,7 @@ def int4_available() -> bool:
         torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
-def awq_int4_pack(qweight, qzeros, scales, group_size: int, dtype) -> Int4Pack | None:
+def int4_pack(qweight, qzeros, scales, group_size: int, dtype) -> Int4Pack | None:
     """An AutoAWQ GEMM-format layer (qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]) for
     the CPU int4 kernel in dtype, or None where the kernel does not take it or is slow (torch
     without it, a dtype other than bfloat16, N not a multiple of 16, another group size)."""
@@ -56,27 +55,6 @@ def awq_int4_pack(qweight, qzeros, scales, group_size: int, dtype) -> Int4Pack |
     return Int4Pack(packed, torch.stack([s, zero], dim=-1).to(dtype).contiguous(), group_size, N)
 
 
-def awq_cpu_prepare(qweight, qzeros, scales, group_size: int) -> tuple[torch.Tensor, Int4Pack | None]:
-    """A layer's CPU weights for awq_cpu_linear, in the scales' dtype: the dequantized dense
-    [N, K] and the int4 pack (or None, see awq_int4_pack)."""
-    w = awq_dequantize(qweight, qzeros, scales, group_size, torch.float32)
-    dense = w.t().contiguous().to(scales.dtype)
-    return dense, awq_int4_pack(qweight, qzeros, scales, group_size, scales.dtype)
-
-
 def int4_mm(x2: torch.Tensor, pack: Int4Pack) -> torch.Tensor:
     """x2 [M, K] @ the packed weight -> [M, N] (torch's kernel)."""
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, pack.packed, pack.group_size, pack.scales_zeros)
-
-
-def awq_cpu_linear(x: torch.Tensor, dense: torch.Tensor, pack: Int4Pack | None, bias=None) -> torch.Tensor:
-    """x [..., K] W^T (+ bias): the int4 kernel for at most INT4_MAX_ROWS rows when pack is given
-    and matches x's dtype, else the dense [N, K] weight."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if pack is None or not 0 < rows <= INT4_MAX_ROWS or pack.scales_zeros.dtype != x.dtype:
-        return dense_linear(x, dense, bias)
-    lead = x.shape[:-1]
-    y = int4_mm(x.reshape(rows, -1).contiguous(), pack)
-    if bias is not None:
-        y = y + bias
-    return y.view(*lead, pack.out_features)

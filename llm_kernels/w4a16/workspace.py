@@ -1,5 +1,5 @@
-"""The split-K workspace of the AWQ GEMM kernels: float32 partials and per-tile
-arrival counters, one pair per device, shared by llm_kernels.awq_ckpt and llm_kernels.awq_kpack."""
+"""The split-K workspace of the W4A16 kernels: float32 partials and per-tile arrival
+counters, one pair per device, shared by llm_kernels.w4a16.ckpt and llm_kernels.w4a16.kpack."""
 import torch
 
 WS_FLOATS = 8 << 20  # 32 MB of float32 partials per device, allocated once, never freed

@@ -1,4 +1,5 @@
-"""AWQ W4A16 GEMM on the checkpoint format: Triton (interpreted) against the reference.
+"""The checkpoint-layout W4A16 kernels (llm_kernels.w4a16.ckpt): Triton (interpreted) against
+the reference.
 
 The interpreter runs the plain-Triton dequant (exact float planes, DEQ 0, and
 the 16-bit magic number, DEQ 1); the inline-PTX one (DEQ 2) runs in the GPU
@@ -8,18 +9,11 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from llm_kernels.workspace import workspace
-from llm_kernels.awq import (
-    awq_dequantize,
-    awq_gemm,
-    awq_gemm_reference,
-    awq_linear,
-    awq_prepare,
-    pack_awq_int4,
-    unpack_awq_int4,
-)
-from llm_kernels.awq_ckpt import dequantize, launch, plan
-from llm_kernels.awq_configs import ckpt_config, ckpt_configs
+from llm_kernels.w4a16 import awq_dequantize, awq_gemm, awq_gemm_reference, pack_awq_int4, prepare, unpack_awq_int4
+from llm_kernels.w4a16.ckpt import dequantize, launch, plan
+from llm_kernels.w4a16.configs import ckpt_config, ckpt_configs
+from llm_kernels.w4a16.select import CHECKPOINT
+from llm_kernels.w4a16.workspace import workspace
 
 
 def _weights(rng, K, N, G, dtype):
@@ -76,23 +70,9 @@ def test_awq_dequantize_kernel_matches_reference(dtype, rng, poisoned):
     assert_close(out, ref, dtype, rng.initial_seed(), "dequant")
 
 
-def test_awq_prepare_and_linear(rng, monkeypatch):
-    """On CPU the prepared layer keeps the checkpoint layout (llm_kernels.awq_ckpt under the
-    interpreter, the reference without it)."""
-    qw, qz, s = _weights(rng, 256, 64, 64, torch.float32)
-    x = torch.randn(2, 3, 256, generator=rng)
-    ref = awq_gemm_reference(x.view(-1, 256), qw, qz, s, 64).view(2, 3, 64)
-    p = awq_prepare(qw, qz, s, 64)
-    assert (p.in_features, p.out_features, p.group_size) == (256, 64, 64)
-    assert p.qk is None and p.qweight is not None
-    assert_close(awq_linear(x, p), ref, torch.float32, rng.initial_seed(), "awq_linear")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU reference path
-    assert_close(awq_linear(x, p), ref, torch.float32, rng.initial_seed(), "awq_linear cpu")
-
-
 def test_awq_gemm_rejects_mismatched_k(rng):
     qw, qz, s = _weights(rng, 128, 64, 32, torch.float32)
     with pytest.raises(ValueError):
         awq_gemm(torch.randn(2, 96), qw, qz, s, 32)
     with pytest.raises(ValueError):
-        awq_prepare(qw, qz[:1], s, 32)
+        prepare(qw, qz[:1], s, 32, CHECKPOINT)

@@ -1,5 +1,6 @@
-"""Triton kernels for AWQ W4A16 on the checkpoint's own layout (llm_kernels.awq_format
-describes it), and their launchers; llm_kernels.awq_configs picks the config per shape.
+"""Triton kernels for W4A16 on AutoAWQ's own packing (llm_kernels.w4a16.awq_format
+describes it), for layers the K-packed layout does not take (K not a multiple of 128), and
+their launchers; llm_kernels.w4a16.configs holds their candidate configs.
 
 `_awq_gemm_kernel`, one for every M: a program owns a BLOCK_M x (8 * BLOCK_W)
 output tile and walks K in blocks of BK rows (BK divides G). Per block it
@@ -17,10 +18,10 @@ same magic number in plain Triton (DEQ 1), float32 exact float planes (DEQ 0).
 
 Small M (decode) splits K over the grid's second axis and reduces the split
 partials in the same launch: each program writes its fp32 partial to the
-workspace of llm_kernels.workspace, counts itself in with an atomic, and the last
+workspace of llm_kernels.w4a16.workspace, counts itself in with an atomic, and the last
 program of a tile sums the partials in a fixed order and writes the output
-(deterministic, one launch, no zero-fill, no cast kernel). For large M the
-weight is dequantized (Triton) and multiplied by torch.matmul (cuBLAS).
+(deterministic, one launch, no zero-fill, no cast kernel). `dequantize` turns the
+layer into its dense weight for the dequantize-then-matmul path.
 `_wide_tile_kernel` is a second candidate: the packed words widened to a
 [BLOCK_K, BLOCK_N] tile, split-K by fp32 atomics into a zeroed buffer.
 """
@@ -28,7 +29,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
-from llm_kernels.workspace import WS_FLOATS, WS_TILES, workspace
+from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 # ----------------------------------------------------------------------------
 # kernels
@@ -427,9 +428,7 @@ def _launch_wide(x, qweight, qzeros, scales, G, cfg):
 
 
 def launch(x, qweight, qzeros, scales, group_size: int, cfg: dict) -> torch.Tensor:
-    """x [M, K] @ dequant(qweight) with one config of llm_kernels.awq_configs."""
+    """x [M, K] @ dequant(qweight) with one config of llm_kernels.w4a16.configs.ckpt_configs."""
     if cfg["kind"] == "wide":
         return _launch_wide(x, qweight, qzeros, scales, group_size, cfg)
-    if cfg["kind"] == "dense":
-        return x @ dequantize(qweight, qzeros, scales, group_size, x.dtype)
     return _launch_fused(x, qweight, qzeros, scales, group_size, cfg)

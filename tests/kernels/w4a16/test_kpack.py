@@ -1,4 +1,4 @@
-"""The K-packed AWQ GEMM (llm_kernels.awq_kpack) under the interpreter against the
+"""The K-packed W4A16 GEMM (llm_kernels.w4a16.kpack) under the interpreter against the
 checkpoint-format reference: the repack is exact, every CPU candidate config
 and the split-K reduction agree, unwritten outputs show. bf16 dots are broken
 under the interpreter (the GPU tests run bf16 at real shapes)."""
@@ -6,10 +6,11 @@ import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from llm_kernels import awq_kpack
-from llm_kernels.awq import awq_dequantize, awq_gemm_reference, awq_linear, awq_prepare, pack_awq_int4
-from llm_kernels.awq_configs import kpack_config, kpack_configs
-from llm_kernels.workspace import workspace
+from llm_kernels.w4a16 import awq_dequantize, awq_gemm_reference, linear, pack_awq_int4, prepare
+from llm_kernels.w4a16 import kpack as awq_kpack
+from llm_kernels.w4a16.configs import kpack_config, kpack_configs
+from llm_kernels.w4a16.select import KPACK
+from llm_kernels.w4a16.workspace import workspace
 
 
 def _weights(rng, K, N, G, dtype):
@@ -91,14 +92,14 @@ def test_stream_k_plan_counts_the_programs_sharing_a_tile(tiles, nblk, programs)
 
 
 def test_prepared_linear_uses_kpack(rng):
-    """awq_prepare(kpack=True) drops the checkpoint words and awq_linear keeps the answer."""
+    """Prepared in the K-packed layout, the layer keeps no checkpoint words and linear keeps the answer."""
     K, N, G = 256, 48, 64
     qw, qz, s = _weights(rng, K, N, G, torch.float16)
-    p = awq_prepare(qw, qz, s, G, kpack=True)
-    assert p.qweight is None and p.qk is not None
+    p = prepare(qw, qz, s, G)  # under the interpreter, as on CUDA: K a multiple of 128 packs
+    assert p.layout == KPACK and p.qweight is None and p.qk is not None
     x = torch.randn(2, 3, K, generator=rng, dtype=torch.float16)
     ref = awq_gemm_reference(x.reshape(-1, K).float(), qw, qz, s.float(), G).view(2, 3, N)
-    assert_close(awq_linear(x, p).float(), ref, torch.float16, rng.initial_seed(), "awq_linear kpack")
+    assert_close(linear(x, p).float(), ref, torch.float16, rng.initial_seed(), "linear kpack")
 
 
 def test_bad_shapes_are_named():
