@@ -48,7 +48,7 @@ class DecodeGraphs:
     def _context(self, bs: int) -> ForwardContext:
         return ForwardContext(slot_mapping=self.slots[:bs], block_tables=self.tables[:bs],
                               context_lens=self.ctx[:bs], query_start_loc=self.qsl[: bs + 1],
-                              is_decode=True, max_query_len=1)
+                              is_decode=True)
 
     def _forward(self, bs: int) -> torch.Tensor:
         model = self.model

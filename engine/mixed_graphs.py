@@ -56,7 +56,7 @@ class MixedGraphs:
 
     def _forward(self, tb: int) -> torch.Tensor:
         ctx = ForwardContext(slot_mapping=self.slots[:tb], block_tables=self.tables, context_lens=self.ctx,
-                             query_start_loc=self.qsl, is_decode=False, max_query_len=tb)
+                             query_start_loc=self.qsl, is_decode=False)
         with forward_context(ctx):
             return self.model(self.ids[:tb], self.pos[:tb])
 

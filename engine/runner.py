@@ -242,7 +242,6 @@ class ModelRunner:
             context_lens=self._to_device(h.ctx_t[:n_seqs]),
             query_start_loc=self._to_device(h.qsl_t[: n_seqs + 1]),
             is_decode=max_q == 1,
-            max_query_len=max_q,
         )
         ids = self._to_device(h.ids_t[:tokens])
         pos = self._to_device(h.pos_t[:tokens])

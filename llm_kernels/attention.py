@@ -63,19 +63,17 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float,
-                            max_query_len: int | None = None, *, sliding_window: int | None = None,
+                            *, sliding_window: int | None = None,
                             softcap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0):
     """q [T, Hq, D] packed; query_start_loc int32 [B+1]; context_lens int32 [B]
     (cached prefix + new tokens, whose KV is already written) -> [T, Hq, D].
     Query token i of sequence b sits at position context_lens[b] - n_b + i.
-    max_query_len is ignored (kept for compatibility): the Triton grid follows
-    shapes only, so the launch needs no host synchronisation.
+    The Triton grid follows shapes only, so the launch needs no host synchronisation.
     sliding_window / softcap / k_scale, v_scale: see paged_decode_attention."""
     _check_options(sliding_window, softcap)
     opts = dict(sliding_window=sliding_window, softcap=softcap, k_scale=k_scale, v_scale=v_scale)
     if use_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens) and q.shape[0]:
-        return prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-                              max_query_len, **opts)
+        return prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **opts)
     return paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **opts)
 
 
@@ -383,10 +381,10 @@ def _prefill_kernel(
              o.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
-def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, max_new=None, *,
+def prefill_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, *,
                    sliding_window=None, softcap=None, k_scale=1.0, v_scale=1.0):
     """The Triton prefill: a grid of (T // BLOCK_M + B, Hq) programs, shapes only (no host
-    sync, fixed inside a CUDA graph); max_new is ignored (kept for compatibility). Sequences
+    sync, fixed inside a CUDA graph). Sequences
     may be empty (padding) and q may hold rows past query_start_loc[B]: those stay unwritten."""
     T, HQ, D = q.shape
     q, block_size, HKV = _paged_layout(q, k_cache, v_cache)

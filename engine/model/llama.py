@@ -174,7 +174,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(self.layer_class(self, spec, i, dtype, device, tp) for i in range(spec.num_layers))
         self.norm = self.make_norm(spec.hidden_size, spec, dtype, device)
         if spec.tie_word_embeddings:
-            self.lm_head_weight = None
+            pass  # the embedding's weight makes the logits
         elif tp.size == 1:
             self.lm_head = Linear(spec.hidden_size, [spec.vocab_size], False, dtype, device)
         else:

@@ -152,10 +152,6 @@ class TPWorkers:
         self.gather("ready")
         return TPModelRunner(self, model, block_size, dtype, device, **kwargs)
 
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
     def close(self) -> None:
         """Stop the other ranks and leave the group. Idempotent."""
         self._finalizer()

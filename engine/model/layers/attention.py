@@ -21,7 +21,6 @@ class ForwardContext:
     context_lens: torch.Tensor  # int32 [B]
     query_start_loc: torch.Tensor  # int32 [B+1]
     is_decode: bool  # every sequence has exactly one new token
-    max_query_len: int = 0  # most new tokens of one sequence (host value: no sync to find it)
 
 
 _LOCAL = threading.local()  # .ctx: this thread's ForwardContext
@@ -98,5 +97,5 @@ class PagedAttention(nn.Module):
             )
         return llm_kernels.paged_prefill_attention(
             q, self.k_cache, self.v_cache, ctx.block_tables, ctx.query_start_loc, ctx.context_lens, self.scale,
-            max_query_len=ctx.max_query_len or None, **opts,
+            **opts,
         )
