@@ -289,3 +289,4 @@ def test_deploy_doc_settings_table_is_the_generated_one():
                                                  sorted(documented - set(SETTINGS_BY_NAME)))
     assert "\n".join(rows) + "\n" == settings_markdown(), \
         f"{doc}'s settings table differs from python -m handler --print-settings"
+    assert TABLE_HEADER not in (REPO / "README.md").read_text(encoding="utf-8"), "one settings table: docs/deploy.md's"
