@@ -1,4 +1,4 @@
-"""Engine errors, each with a stable code: the failure contract (README, "Jobs": the table of codes)."""
+"""Engine errors, each with a stable code: the failure contract (docs/jobs.md: the table of codes)."""
 from __future__ import annotations
 
 

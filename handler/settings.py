@@ -1,5 +1,5 @@
 """Worker settings from environment variables: one table (name, type, default,
-description) that validation, the `Settings` object and the README docs all come from."""
+description) that validation, the `Settings` object and the docs (docs/deploy.md) all come from."""
 from __future__ import annotations
 
 import dataclasses
@@ -255,7 +255,7 @@ def describe(settings: Any) -> dict[str, Any]:
 
 
 def settings_markdown(filter_group: Callable[[str], bool] = lambda g: True) -> str:
-    """The settings table in Markdown, for the README."""
+    """The settings table in Markdown, for docs/deploy.md (python -m handler --print-settings)."""
     rows = ["| Variable | Type | Default | Description |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:
         if not filter_group(s.group):

@@ -1,6 +1,6 @@
 """The deployment files agree with each other and with the code: Dockerfile (lint,
 base image, entry point, build args, secrets), .dockerignore, runpod.toml,
-.runpod/hub.json and tests.json, and the README's settings table against
+.runpod/hub.json and tests.json, and docs/deploy.md's settings table against
 handler/settings.py."""
 from __future__ import annotations
 
@@ -131,7 +131,8 @@ def test_dockerignore_keeps_what_the_image_copies(deployfiles, dockerfile, tmp_p
     assert not list(src.rglob("__pycache__")), "bytecode stays out of the context"
     ignore = deployfiles.DockerIgnore.read(REPO / ".dockerignore")
     for left_out in (".git/config", ".venv/bin/python", "tests/deploy/conftest.py", "handler/__pycache__/x.pyc",
-                     "runpod_llm_worker.egg-info/PKG-INFO", "build/lib/handler/x.py"):
+                     "runpod_llm_worker.egg-info/PKG-INFO", "build/lib/handler/x.py", "docs/deploy.md",
+                     "CHANGELOG.md"):
         assert ignore.ignored(left_out), left_out
     for kept in ("handler/prepare/data/calibration.txt", "engine/model/loader.py", "docker/start.sh", "pyproject.toml"):
         assert not ignore.ignored(kept), kept
@@ -263,7 +264,7 @@ def test_tests_json_jobs_are_valid_worker_inputs():
     load_settings(env)
 
 
-# -- the README settings table -------------------------------------------------------------
+# -- the settings table of docs/deploy.md ------------------------------------------------------
 TABLE_HEADER = "| Variable | Type | Default | Description |"
 
 
@@ -278,13 +279,14 @@ def _settings_table(text: str) -> list[str]:
     return rows
 
 
-def test_readme_settings_table_is_the_generated_one():
-    doc = "README.md"
+def test_deploy_doc_settings_table_is_the_generated_one():
+    doc = "docs/deploy.md"
     path = REPO / doc
-    assert TABLE_HEADER in path.read_text(encoding="utf-8"), "README.md lacks the settings table"
+    assert TABLE_HEADER in path.read_text(encoding="utf-8"), f"{doc} lacks the settings table"
     rows = _settings_table(path.read_text(encoding="utf-8"))
     documented = {re.match(r"\| `([A-Z0-9_]+)`", r).group(1) for r in rows[2:]}
     assert documented == set(SETTINGS_BY_NAME), (sorted(set(SETTINGS_BY_NAME) - documented),
                                                  sorted(documented - set(SETTINGS_BY_NAME)))
     assert "\n".join(rows) + "\n" == settings_markdown(), \
         f"{doc}'s settings table differs from python -m handler --print-settings"
+    assert TABLE_HEADER not in (REPO / "README.md").read_text(encoding="utf-8"), "one settings table: docs/deploy.md's"

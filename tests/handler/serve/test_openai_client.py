@@ -242,7 +242,7 @@ def test_n2_with_a_seed_is_reproducible(call):
         return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell me a short story."}],
                                          n=2, seed=1234, temperature=1, max_tokens=24)
 
-    call(twice)  # the prompt into the prefix cache, so both calls below compute it the same way (README: n and best_of)
+    call(twice)  # the prompt into the prefix cache, so both calls below compute it alike (docs/jobs.md: n, best_of)
     first, again = call(twice), call(twice)
     assert [ch.index for ch in first.choices] == [0, 1]
     texts = [ch.message.content for ch in first.choices]
