@@ -1,4 +1,4 @@
-"""dtype "auto" (issue 20): bfloat16 on CUDA and on CPUs whose matmuls run bfloat16 natively
+"""dtype "auto": bfloat16 on CUDA and on CPUs whose matmuls run bfloat16 natively
 (AVX512-BF16 or AMX-BF16, read from /proc/cpuinfo's flags), float32 on other CPUs; an
 explicit dtype is kept as asked."""
 import torch

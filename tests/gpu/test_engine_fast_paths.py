@@ -55,8 +55,8 @@ def test_graphs_match_eager(ckpt, dtype):
             # only at a near-tie, never elsewhere. Decode attention computes alike
             # in both modes (eager passes the table at the graphs' full width, and
             # the split follows the batch's next power of two); before that, the
-            # two modes ran other decode configs and 23 of 92 flipped in bf16 (H200,
-            # session 4), since then 0
+            # two modes ran other decode configs and 23 of 92 flipped in bf16 on an
+            # H200; since then 0
             i = next(k for k, (x, y) in enumerate(zip(ta, tb)) if x != y)
             lp = a.outputs[0].logprobs
             assert dtype == "bfloat16", (dtype, i, ta, tb)

@@ -126,14 +126,14 @@ def test_qwen25_shapes_match_transformers(ckpts, form):
           f"before the first near-tie {compared}, mismatches {mism}")
     # bf16 rounding flips a few greedy choices of the float32 reference even in transformers'
     # own bf16 run; ours may flip about as many. The counts are a few in some 35 positions
-    # (session 5: ours 4 and 4, HF bf16's 1 and 4), where a split like 4 : 1 is chance, so the
+    # (on an H200: ours 4 and 4, HF bf16's 1 and 4), where a split like 4 : 1 is chance, so the
     # bound is loose (2 x theirs + 3); the logprob bounds below carry the accuracy claim
     assert mism <= 2 * hf16_mism + 3, (mism, hf16_mism)
     assert compared >= 16  # the comparison is not vacuous
     # as close to float32 as transformers' bf16 run, on the mean and the 90th percentile. Not on
     # the max alone: at these sharp logits one bf16 flip moves a whole continuation, and the
-    # max then swings (measured on the H200 with kernel families swapped for their references,
-    # session 5: the max of ours 0.64-2.49 at a mean within 0.8-1.1x HF bf16's). Planted bugs
+    # max then swings (measured on the H200 with kernel families swapped for their references:
+    # the max of ours 0.64-2.49 at a mean within 0.8-1.1x HF bf16's). Planted bugs
     # (decode attention missing the newest token; RMSNorm eps + 1e-2) failed the mean bound
     assert mean <= 1.2 * mean16 + 0.02, (mean, mean16)
     assert q90 <= 1.5 * q90_16 + 0.05, (q90, q90_16)
