@@ -11,6 +11,41 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1.5e-2}
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(out, ref, dtype, what):
+    assert not torch.isnan(out).any(), f"{what}: NaN (unwritten output?)"
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"{what}: rel err {err:.3g}"
+
+
+@pytest.fixture
+def gen():
+    g = torch.Generator(device="cuda")
+    g.seed()
+    return g
+
+
+@pytest.fixture
+def poison_cuda_alloc(monkeypatch):
+    """Fresh CUDA allocations come back NaN-filled, so unwritten outputs fail."""
+    real_empty = torch.empty
+
+    def empty(*a, **k):
+        t = real_empty(*a, **k)
+        if t.is_cuda and t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
 def slow(*values):
     """A parametrize case that runs only in the long GPU run (`-m slow`, or no -m at all):
     the default one, `pytest tests/gpu -m "not slow"`, proves each feature in a few minutes."""

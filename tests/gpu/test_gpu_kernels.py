@@ -3,44 +3,12 @@
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+from tests.gpu.conftest import TOL, check, rel_err
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.usefixtures("poison_cuda_alloc")]
 
 HQ, HKV, D, HIDDEN, INTER = 28, 4, 128, 3584, 18944
-TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1.5e-2}
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def check(out, ref, dtype, what):
-    assert not torch.isnan(out).any(), f"{what}: NaN (unwritten output?)"
-    err = rel_err(out, ref)
-    assert err < TOL[dtype], f"{what}: rel err {err:.3g}"
-
-
-@pytest.fixture
-def gen():
-    g = torch.Generator(device="cuda")
-    g.seed()
-    return g
-
-
-@pytest.fixture(autouse=True)
-def poison_cuda_alloc(monkeypatch):
-    """Fresh CUDA allocations come back NaN-filled, so unwritten outputs fail."""
-    real_empty = torch.empty
-
-    def empty(*a, **k):
-        t = real_empty(*a, **k)
-        if t.is_cuda and t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    monkeypatch.setattr(torch, "empty", empty)
-
-
 def _rand(shape, dtype, gen, scale=1.0):
     return (torch.randn(shape, device="cuda", generator=gen) * scale).to(dtype)
 

@@ -10,39 +10,10 @@ from llm_kernels.w4a16 import awq_gemm_reference, ckpt, kpack, linear, pack_awq_
 from llm_kernels.w4a16.configs import DENSE, ckpt_config, ckpt_configs, kpack_configs, shape_key
 from llm_kernels.w4a16.select import CHECKPOINT, KPACK, candidates
 from llm_kernels.w4a16.weight import TUNED
-from tests.gpu.conftest import slow
+from tests.gpu.conftest import check, slow
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1.5e-2}
-
-
-def check(out, ref, dtype, what):
-    assert not torch.isnan(out).any(), f"{what}: NaN (unwritten output?)"
-    err = ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
-    assert err < TOL[dtype], f"{what}: rel err {err:.3g}"
-
-
-@pytest.fixture
-def gen():
-    g = torch.Generator(device="cuda")
-    g.seed()
-    return g
-
-
-@pytest.fixture(autouse=True)
-def poison_cuda_alloc(monkeypatch):
-    """Fresh CUDA allocations come back NaN-filled, so unwritten outputs fail."""
-    real_empty = torch.empty
-
-    def empty(*a, **k):
-        t = real_empty(*a, **k)
-        if t.is_cuda and t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    monkeypatch.setattr(torch, "empty", empty)
-
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.usefixtures("poison_cuda_alloc")]
 
 def layer(K, N, G, dtype, gen):
     q = torch.randint(0, 16, (K, N), device="cuda", generator=gen)
