@@ -1,6 +1,6 @@
-"""The worker's `summarize` job: map-reduce over token chunks (summarize.core)
+"""The worker's `summarize` job: map-reduce over token chunks (handler.summarize.core)
 until the document fits the context, then the final summary streamed like any job.
-Its engine calls go through the worker's CallGate (summarize.schedule): last calls and
+Its engine calls go through the worker's CallGate (handler.summarize.schedule): last calls and
 short documents first, so a short document never waits for a long one's chunks."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from collections.abc import AsyncIterator
 
 from handler.errors import JobError, invalid
-from handler.execution import JobRequests
-from handler.routes.generate import generate_items
+from handler.job.requests import JobRequests
+from handler.native.output import generate_items
 from handler.summarize import core
 from handler.summarize.schedule import call_gate
 
