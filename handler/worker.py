@@ -165,7 +165,7 @@ class Worker:
             items = summarize_items(run)
         else:
             setup_chat(run)  # tool-call and reasoning parsers for this model (may adjust the sampling)
-            request = run.prepare(job_prompt(spec), spec.sampling)
+            request = run.prepare(job_prompt(spec), spec.params)
             if spec.route == "/v1/responses":
                 items = responses_items(run, request, ctx.id, model_label(self.settings))
             elif spec.is_openai:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from handler.job.choices import is_truncated
 from handler.summarize import core
 from summarize.inputs import Document
 from summarize.store import ResultStore
@@ -118,7 +119,7 @@ def outcome(a: Attempt) -> tuple[dict | None, dict | None]:
             return None, {"code": "bad_output", "message": f"the job COMPLETED without a summary: {shown} "
                           "(is the endpoint running this worker?)", "retryable": False}
         info = final.get("summarize") or {}
-        truncated = bool(final.get("truncated")) or final.get("finish_reason") == "length"
+        truncated = bool(final.get("truncated")) or is_truncated(final.get("finish_reason"))
         return {"status": "truncated" if truncated else "ok", "summary": text.strip(),
                 "chunks": info.get("chunks", 1), "usage": _usage(final.get("usage")),
                 "finish_reason": final.get("finish_reason"), "rounds": info.get("rounds", 0),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handler.errors import JobError
-from handler.job.choices import ChoiceTracker, detailed
+from handler.job.choices import ChoiceTracker, detailed, is_truncated
 from handler.job.sampling import invalid_from_engine
 from handler.job.schema import JobSpec
 
@@ -135,8 +135,9 @@ class JobRequests:
     def __init__(self, ctx, engine, spec: JobSpec, settings: Any):
         self.ctx, self.engine, self.spec, self.settings = ctx, engine, spec, settings
 
-    def prepare(self, prompt, sampling: dict):
-        """The engine request: a missing max_tokens is what fits the context (and the KV
+    def prepare(self, prompt, sampling):
+        """The engine request of `prompt` with `sampling` (values, or the job's SamplingParams: used as
+        they are, not built again): a missing max_tokens is what fits the context (and the KV
         cache), capped at DEFAULT_MAX_TOKENS (and MAX_OUTPUT_TOKENS): never vLLM's 16.
         A prompt over OFF_LOOP_SIZE comes back as a PendingRequest that `events` processes
         in a thread, so tokenizing a million characters stalls no other job's stream."""
@@ -262,6 +263,6 @@ class JobRequests:
             raise JobError("empty_output", f"the model produced {comp.completion_tokens} tokens but no text "
                            f"(finish_reason {comp.finish_reason})", finish_reason=comp.finish_reason,
                            usage=usage).with_partial_text(comp.text)
-        if comp.finish_reason == "length" and self.spec.on_truncation == "error":
+        if is_truncated(comp.finish_reason) and self.spec.on_truncation == "error":
             raise JobError("truncated", f"the output reached its limit of {comp.completion_tokens} tokens "
                            "(on_truncation: error)", finish_reason="length", usage=usage).with_partial_text(comp.text)

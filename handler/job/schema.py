@@ -58,7 +58,8 @@ class JobSpec:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     apply_chat_template: bool = False
-    sampling: dict = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)  # the sampling values as the job gave them (engine names)
+    params: Any = None  # engine.SamplingParams of `sampling`, built once when they were checked
     stream: bool = False
     on_truncation: str = "flag"
     idempotency_key: str | None = None  # the job's `request_id`: the same one returns the stored result

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from handler.job.choices import is_truncated
 
 
 def logprobs_json(positions: list | None) -> list | None:
@@ -53,7 +54,7 @@ async def native_choice_items(run, request, engine_request_id: str, stream_batch
                        for c in comp.choices}
         for c in comp.choices:
             entry = entries.setdefault(c.index, {"index": c.index, "text": "", "logprobs": None})
-            entry["finish_reason"], entry["truncated"] = c.finish_reason, c.finish_reason == "length"
+            entry["finish_reason"], entry["truncated"] = c.finish_reason, is_truncated(c.finish_reason)
         item = final_item(run, comp, entries.get(0, {}).get("text", ""))
         if n == 1:
             item["logprobs"] = entries[0]["logprobs"] if 0 in entries else None

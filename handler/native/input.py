@@ -44,7 +44,7 @@ def parse_native_request(job_input: dict, spec: JobSpec) -> None:
         raise invalid(present[1], f"give only one of prompt, messages, summarize (got {', '.join(present)})")
     if "openai_input" in job_input:
         raise invalid("openai_input", "needs openai_route")
-    spec.sampling = check_sampling(job_input.get("sampling_params"), spec)
+    spec.sampling, spec.params = check_sampling(job_input.get("sampling_params"), spec)
     spec.apply_chat_template = parse_bool(job_input, "apply_chat_template", False)
     use_openai = parse_bool(job_input, "use_openai_format", False)
     if present[0] == "summarize":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from handler.job.choices import detailed
+from handler.job.choices import detailed, is_truncated
 from handler.job.requests import Completion, JobRequests
 from handler.job.stream import stream_batches
 from handler.native.choices import native_choice_items
@@ -73,7 +73,7 @@ def final_item(run: JobRequests, comp: Completion, text: str) -> dict:
     return {
         "text": text,
         "finish_reason": comp.finish_reason,
-        "truncated": comp.finish_reason == "length",
+        "truncated": is_truncated(comp.finish_reason),
         "usage": {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
                   "total_tokens": comp.prompt_tokens + comp.completion_tokens,
                   "cached_prompt_tokens": comp.cached_tokens},

@@ -53,11 +53,11 @@ class ChoiceOutput:
 
     def __init__(self, fmt, spec, decode, prompt_text: str | None = None):
         self.fmt, self.chat = fmt, fmt.chat
-        self.top_n = spec.sampling.get("logprobs")  # None: not asked
+        self.top_n = spec.params.logprobs  # None: not asked
         self.decode = decode
         self.echo = prompt_text if spec.echo else None  # completions: the prompt's text before each choice
         self.offsets: dict[int, int] = {}  # completions: characters of each choice sent so far
-        self.n = spec.sampling.get("n", 1)
+        self.n = spec.params.n
 
     def _logprobs(self, token_ids, positions, index: int, offset: int | None = None):
         if self.top_n is None or positions is None:

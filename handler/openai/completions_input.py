@@ -99,4 +99,4 @@ def parse_openai_input(route: str, oi: Any, spec) -> None:
         spec.renamed["structured_outputs"] = structured.field  # the engine's refusals name it
         if spec.chat is not None:
             spec.chat.constrained = True
-    spec.sampling = check_sampling(sampling, spec, sent_as)
+    spec.sampling, spec.params = check_sampling(sampling, spec, sent_as)

@@ -117,7 +117,7 @@ def parse_responses_input(oi: dict, spec) -> None:
         sampling["structured_outputs"] = structured.value
         spec.renamed["structured_outputs"] = structured.field
         spec.chat.constrained = True
-    spec.sampling = check_sampling(sampling, spec, sent_as)
+    spec.sampling, spec.params = check_sampling(sampling, spec, sent_as)
     spec.chat.request = {k: oi[k] for k in ("instructions", "metadata", "temperature", "top_p", "max_output_tokens",
                                             "user", "tools") if oi.get(k) is not None}  # the Response echoes them
     if text_format is not None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from handler.job.choices import is_truncated
 from handler.job.stream import stream_batches
 from handler.tools.chat_output import message_parser
 
@@ -56,7 +57,7 @@ class ResponseBuilder:
                "text": req.get("text", {"format": {"type": "text"}}), "usage": None}
         if comp is not None:
             out["usage"] = self.usage(comp, reasoning)
-            if comp.finish_reason == "length":
+            if is_truncated(comp.finish_reason):
                 out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
         return out
 

@@ -9,6 +9,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 
+from handler.engine_setup import serves_default_model
 from handler.errors import JobError, invalid
 from handler.job.requests import JobRequests
 from handler.native.output import generate_items
@@ -22,7 +23,7 @@ _live: dict[str, object] = {}  # job id -> the JobContext of a summarize job run
 def summary_defaults(settings) -> dict:
     """Sampling of summarize jobs: the default model's tuned values when it is served."""
     defaults = {**core.SUMMARY_SAMPLING, "max_tokens": core.SUMMARY_MAX_TOKENS}
-    if not settings.model_name:
+    if serves_default_model(settings):
         from handler.prepare import default_model
 
         defaults.update(getattr(default_model, "SUMMARIZE_SAMPLING", {}))

@@ -166,4 +166,4 @@ def setup_chat(run) -> None:
     resolve_parsers(spec.chat, run.settings, template if isinstance(template, str) else None, "openai_input.")
     parser = spec.chat.tool_parser
     if parser and tool_parser(parser).needs_special_tokens and "skip_special_tokens" not in spec.sampling:
-        spec.sampling = {**spec.sampling, "skip_special_tokens": False}
+        spec.params.skip_special_tokens = False

@@ -1,4 +1,4 @@
-"""No job can slow the others (issue 21, items 4 and 5), measured in one in-process worker on the
+"""No job can slow the others, measured in one in-process worker on the
 tiny model: a job with the largest stop list the settings allow must not raise another job's time
 per output token (TPOT) by 1.5x over what a plain neighbour of the same length does (the control:
 on a loaded 2-core machine any neighbour alone costs the victim 1.5-1.9x, as CI has seen), and inputs at the size caps (a 1M-character
