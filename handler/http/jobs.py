@@ -137,10 +137,6 @@ class JobStore:
             found.progress = payload
             found.notify()
 
-    def views(self) -> list[dict]:
-        with self.lock:
-            return [j.view() for j in self.jobs.values()]
-
     def health(self, *, unhealthy: bool = False) -> dict:
         """GET /v2/{endpoint}/health: job counts by state (of the jobs still kept) and the one worker."""
         with self.lock:

@@ -75,15 +75,6 @@ def models_response(model: str, max_model_len: int | None = None) -> dict:
     return {"object": "list", "data": [card]}
 
 
-def parse_sse(item: str) -> list[dict]:
-    """The chunks of a raw SSE stream item (for clients and tests)."""
-    out = []
-    for line in item.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            out.append(json.loads(line[len("data: "):]))
-    return out
-
-
 def sendable(chunks: list[dict]) -> list[dict]:
     """The chunks less the chat ones that carry nothing (a parser holding text back, a forced
     call's whitespace): vLLM sends none of those either."""

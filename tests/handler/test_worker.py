@@ -11,9 +11,9 @@ import time
 import pytest
 
 from handler.engine_setup import build_engine
-from handler.openai.completions_output import parse_sse
 from handler.worker import Worker
 from tests.handler.conftest import assert_free, error_of, run, settings_for, text_of
+from tests.handler.sse import parse_sse
 
 GREEDY = {"temperature": 0}
 SURE = {"sampling_params": {"ignore_eos": True}}  # random weights may sample EOS first: empty_output

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import time
 import urllib.error
 import urllib.request
 
@@ -28,14 +26,7 @@ def test_serve_reports_a_failing_job_failed_and_a_good_one_completed(tiny_llama_
     port = free_port()
     proc = WorkerProcess(local_env(MODEL_NAME=tiny_llama_dir), ["--serve", "--port", str(port)])
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output[-3000:]
-                time.sleep(0.2)
+        proc.wait_for_port(port, 60)
         base = f"http://127.0.0.1:{port}/v2/my-endpoint"
         bad = request(base + "/runsync", {"input": {"prompt": "Hi", "sampling_params": {"top_p": 1.5}}})
         good = request(base + "/runsync", {"input": {"prompt": "The quick brown fox", "stream": True,

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from handler.job.retry import retry_seed
-from handler.openai.completions_output import parse_sse
 from tests.handler.conftest import error_of, run, settings_for, text_of
+from tests.handler.sse import parse_sse
 
 
 def finished(caplog, job_id: str) -> dict:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jsonschema
 from openai.types.chat import ChatCompletionChunk
 
-from handler.openai.completions_output import parse_sse
 from tests.handler.conftest import run, settings_for
+from tests.handler.sse import parse_sse
 from tests.handler.tools.test_tools_and_reasoning import TOOL_TEMPLATE
 
 ENV = {"CUSTOM_CHAT_TEMPLATE": TOOL_TEMPLATE, "DEFAULT_MAX_TOKENS": "300", "MAX_MODEL_LEN": "1024",

@@ -1,5 +1,6 @@
 """OpenAI response objects and stream chunks in OpenAI's shapes (as worker-vllm streams them)."""
-from handler.openai.completions_output import OpenAIFormatter, models_response, parse_sse
+from handler.openai.completions_output import OpenAIFormatter, models_response
+from tests.handler.sse import parse_sse
 
 
 def test_chat_response_and_chunks():

@@ -5,8 +5,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from handler.openai.completions_output import parse_sse
 from tests.handler.conftest import error_of, run
+from tests.handler.sse import parse_sse
 
 MESSAGES = [{"role": "user", "content": "Tell me about the roadmap"}]
 PROMPT = "Meeting notes: the team agreed"

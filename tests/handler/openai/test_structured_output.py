@@ -13,9 +13,9 @@ from openai.types.responses import Response
 from openai.types.responses.response_stream_event import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from handler.openai.completions_output import parse_sse
 from tests.handler.conftest import error_of, run, text_of
 from tests.handler.openai.structured_checks import SEEDS, check, chunks_of, sampling, start_worker
+from tests.handler.sse import parse_sse
 from tests.handler.tools.test_tools_and_reasoning import completion_chunk
 
 PERSON = {"type": "object", "properties": {

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from handler.openai.completions_output import parse_sse
 from tests.fakes.runpod_control_plane import FakeControlPlane
 from tests.fakes.worker_process import WorkerProcess
+from tests.handler.sse import parse_sse
 
 SURE = {"ignore_eos": True}  # random weights may sample EOS first, and that job would rightly fail empty_output
 CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is the capital of France?"}]

@@ -10,8 +10,8 @@ from openai.types.responses import Response
 from openai.types.responses.response_stream_event import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from handler.openai.completions_output import parse_sse
 from tests.handler.conftest import error_of, run
+from tests.handler.sse import parse_sse
 
 TOOL_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>\n"
