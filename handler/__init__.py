@@ -1,4 +1,5 @@
-"""RunPod face of the worker: job schema, env settings, streaming, errors and
-concurrency. Importing it loads nothing heavy; `python -m handler` starts the worker."""
+"""RunPod face of the worker: job schema, env settings, streaming, errors, concurrency, the
+RunPod loop and the local HTTP endpoint, grouped by feature (job, native, openai, tools,
+summarize). Importing it loads nothing heavy; `python -m handler` starts the worker."""
 
 __all__: list[str] = []

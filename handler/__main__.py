@@ -47,16 +47,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     apply_base_path(settings)  # HF_HOME, the kernels' tuning and Triton's caches under BASE_PATH
     log.info("settings %s", describe(settings))
-    from handler.compat.worker_vllm_env import start_notes
     from handler.settings import SETTINGS_BY_NAME
+    from handler.worker_vllm_env import start_notes
 
     for note in start_notes(os.environ, SETTINGS_BY_NAME):  # worker-vllm's variables this worker does not apply
         log.warning("%s", note)
 
     if args.serve:
-        from handler.serve.server import serve_local
+        from handler.http.server import serve
 
-        return serve_local(settings, args.host, args.port)
+        return serve(settings, args.host, args.port)
     from handler.worker import Worker
 
     serve_api = "--rp_serve_api" in rest
@@ -68,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import runpod
 
-    from handler.sdk.scaler import serve
+    from handler.runpod_loop.scaler import start
 
     worker = Worker(settings, progress=runpod.serverless.progress_update)
     if settings.metrics_port:
-        worker.metrics.serve(settings.metrics_port, settings.metrics_host)
+        worker.metrics.start_server(settings.metrics_port, settings.metrics_host)
     sys.argv = [sys.argv[0], *rest]  # the SDK parses its own --rp_* flags
     # runpod.serverless.start with our job loop: per-job parsing of takes, a drain with a deadline
-    serve(worker.runpod_config(), worker.drain)
+    start(worker.runpod_config(), worker.drain)
     worker.close()
     replaced = worker.dead is not None or bool(worker.sdk_config and worker.sdk_config.get("refresh_worker"))
     return 1 if replaced else 0

@@ -14,7 +14,8 @@ from handler.prepare.default_model import DEFAULT_MODEL_NAME
 
 log = logging.getLogger("handler")
 
-# EngineConfig field -> the variable that sets it (so a refusal names the variable)
+# EngineConfig field -> the variable that sets it: the config is built from this table, and a
+# refusal names the variable
 ENGINE_FIELDS = {
     "model": "MODEL_NAME", "revision": "MODEL_REVISION", "dtype": "DTYPE", "quantization": "QUANTIZATION",
     "block_size": "BLOCK_SIZE", "max_model_len": "MAX_MODEL_LEN", "max_num_seqs": "MAX_NUM_SEQS",
@@ -28,29 +29,29 @@ ENGINE_FIELDS = {
 }
 
 
+def serves_default_model(settings: Any) -> bool:
+    """No MODEL_NAME: the worker serves the embedded default model (handler.prepare.default_model)."""
+    return not settings.model_name
+
+
+def model_name(settings: Any) -> str:
+    """MODEL_NAME, or the embedded default model's name."""
+    return DEFAULT_MODEL_NAME if serves_default_model(settings) else settings.model_name
+
+
 def engine_config(settings: Any, model: str):
-    """The EngineConfig for these settings (raises engine InvalidInputError naming the field)."""
+    """The EngineConfig for these settings, `model` the folder or hub id to load (raises engine
+    InvalidInputError naming the field)."""
     from engine import EngineConfig
 
-    template = settings.custom_chat_template
-    if template is None and not settings.model_name:  # the embedded default model: its tool-aware template
+    values = {name: getattr(settings, variable.lower()) for name, variable in ENGINE_FIELDS.items()}
+    values["model"] = model
+    values["prefix_cache_ttl_s"] = values["prefix_cache_ttl_s"] or None  # 0: cached blocks never expire
+    if values["chat_template"] is None and serves_default_model(settings):  # its tool-aware template
         from handler.prepare.default_model import chat_template
 
-        template = chat_template()
-    return EngineConfig(
-        model=model, revision=settings.model_revision, dtype=settings.dtype, quantization=settings.quantization,
-        block_size=settings.block_size, max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        enable_prefix_caching=settings.enable_prefix_caching, max_logprobs=settings.max_logprobs,
-        gpu_memory_utilization=settings.gpu_memory_utilization, num_kv_blocks=settings.num_kv_blocks,
-        seed=settings.seed, fault_injection=settings.fault_injection,
-        tensor_parallel_size=settings.tensor_parallel_size, enforce_eager=settings.enforce_eager,
-        async_scheduling=settings.async_scheduling, max_cudagraph_tokens=settings.max_cudagraph_tokens,
-        prefix_cache_ttl_s=settings.prefix_cache_ttl_s or None,
-        allow_special_tokens_in_content=settings.allow_special_tokens_in_content,
-        kv_cache_dtype=settings.kv_cache_dtype, tokenizer=settings.tokenizer_name,
-        tokenizer_revision=settings.tokenizer_revision, chat_template=template,
-    )
+        values["chat_template"] = chat_template()
+    return EngineConfig(**values)
 
 
 def check_engine_settings(settings: Any) -> None:
@@ -60,7 +61,7 @@ def check_engine_settings(settings: Any) -> None:
     from handler.settings import SettingsError
 
     try:
-        engine_config(settings, settings.model_name or "default-model")
+        engine_config(settings, model_name(settings))
     except InvalidInputError as exc:
         name = ENGINE_FIELDS.get(exc.field or "", exc.field or "settings")
         raise SettingsError(name, str(getattr(settings, name.lower(), "")), exc.message) from None
@@ -68,7 +69,7 @@ def check_engine_settings(settings: Any) -> None:
 
 def model_label(settings: Any) -> str:
     """The model's name as the OpenAI routes report it."""
-    return settings.openai_served_model_name_override or settings.model_name or DEFAULT_MODEL_NAME
+    return settings.openai_served_model_name_override or model_name(settings)
 
 
 def default_model_path(settings: Any, on_progress: Callable[[str], None] | None = None) -> str:
@@ -84,7 +85,7 @@ def build_engine(settings: Any, on_progress: Callable[[str], None] | None = None
 
     from handler.model_roots import check_model_path
 
-    model = settings.model_name or default_model_path(settings, on_progress)
+    model = default_model_path(settings, on_progress) if serves_default_model(settings) else settings.model_name
     check_model_path(model, settings)  # ALLOWED_MODEL_ROOTS, before any file of it is read
     return AsyncLLMEngine.from_config(engine_config(settings, model))
 
@@ -134,7 +135,7 @@ class EngineLoader:
 
     async def _load(self):
         t0 = time.monotonic()
-        log.info("loading the model (%s)", self.settings.model_name or "the embedded default model")
+        log.info("loading the model (%s)", model_name(self.settings))
 
         def stage(message: str) -> None:  # called from the loading thread
             self._stage = message

@@ -7,7 +7,7 @@ from typing import Any
 
 # Codes the handler itself decides (the engine's own come from engine.errors).
 # worker_shutdown: the worker is draining (SIGTERM, refresh) and cannot run or finish the
-# job in time (handler.sdk.drain); another worker can.
+# job in time (handler.runpod_loop.drain); another worker can.
 RETRYABLE = {"out_of_memory", "engine_dead", "overloaded", "timeout", "worker_shutdown"}
 
 

@@ -1,23 +1,45 @@
-"""Local runs (`--test_input`): one job through the handler's stream exactly as
-the SDK's worker loop consumes it, the aggregated result printed as /status shows it."""
+"""Jobs run in this process by the runpod SDK's rules for a job's end (rp_job.handle_job, runpod
+1.12, for an async-generator handler with return_aggregate_stream): each item is streamed and
+collected; a dict item with a truthy `error` ends the stream, is not streamed, and fails the job
+with `str(error)`; a raised exception fails it with the SDK's text; otherwise COMPLETED with the
+list of items. `--test_input` runs one such job and prints its result as /status shows it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+import traceback
+from collections.abc import Callable
+from typing import Any
 
-from handler.serve.sdk_job import drive
+from handler.http.jobs import COMPLETED, FAILED
 
 log = logging.getLogger("handler.local")
 
 
+async def drive(handler, job: dict, on_item: Callable[[Any], None] | None = None) -> dict:
+    """Run `handler(job)` to its end: {"status": "COMPLETED", "output": [items]} or
+    {"status": "FAILED", "error": "..."} as the SDK posts them; `on_item` hears each streamed item."""
+    output: list[Any] = []
+    try:
+        async with contextlib.aclosing(handler(job)) as items:
+            async for item in items:
+                if isinstance(item, dict) and item.get("error"):
+                    return {"status": FAILED, "error": str(item["error"])}
+                output.append(item)
+                if on_item is not None:
+                    on_item(item)
+    except Exception as exc:  # noqa: BLE001 - the SDK's run_job_generator reports it as this text
+        return {"status": FAILED, "error": f"handler: {exc} \ntraceback: {traceback.format_exc()}"}
+    return {"status": COMPLETED, "output": output}
+
+
 async def run_job(handler, job: dict) -> dict:
-    """Iterate an async-generator handler as runpod's rp_job.handle_job does with
-    return_aggregate_stream (handler.serve.sdk_job): items are collected; an item with a
-    truthy `error` fails the job."""
+    """`drive` with the job's id in the result, as /status shows it."""
     return {"id": job["id"], **await drive(handler, job)}
 
 

@@ -104,7 +104,7 @@ class Metrics:
         return self._last_stats
 
     # -- output -----------------------------------------------------------------------------
-    def serve(self, port: int, addr: str = DEFAULT_HOST) -> None:
+    def start_server(self, port: int, addr: str = DEFAULT_HOST) -> None:
         """Serve /metrics on `addr`:`port` (METRICS_HOST, METRICS_PORT): loopback unless told otherwise."""
         from prometheus_client import start_http_server
 
@@ -114,7 +114,7 @@ class Metrics:
             raise OSError(f"METRICS_HOST={addr!r}, METRICS_PORT={port}: cannot serve metrics there: {exc}") from exc
         log.info("metrics served on port %d of %s (/metrics)", port, addr)
 
-    def stop_serving(self) -> None:
+    def stop_server(self) -> None:
         if isinstance(self._server, tuple):
             self._server[0].shutdown()
             self._server[0].server_close()

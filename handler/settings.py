@@ -239,7 +239,7 @@ Settings.__doc__ = "Validated settings; attribute names are the variables' names
 def load_settings(env: Mapping[str, str] | None = None) -> Any:
     """Read every setting from `env` (default os.environ); empty values count as unset.
     Raises SettingsError for the first bad value, naming its variable."""
-    from handler.compat.worker_vllm_env import translate
+    from handler.worker_vllm_env import translate
 
     env = translate(os.environ if env is None else env)[0]  # worker-vllm's names and values (DTYPE=half, ...)
     values = {}

@@ -12,17 +12,17 @@ from typing import Any
 
 from handler.engine_setup import EngineLoader, build_engine, model_label
 from handler.errors import JobError, error_item, invalid
-from handler.execution import JobRequests, job_prompt
 from handler.job.context import JobContext, job_finished
-from handler.job.schema import parse_job_input
+from handler.job.requests import JobRequests, job_prompt
+from handler.job_input import parse_job_input
+from handler.native.output import generate_items, worker_vllm_items
+from handler.openai.completions_output import models_response, openai_items
+from handler.openai.responses_output import responses_items
 from handler.result_cache import ResultCache
-from handler.routes.chat_output import setup_chat
-from handler.routes.generate import generate_items, worker_vllm_items
-from handler.routes.openai import models_response, openai_items
-from handler.routes.responses import responses_items
-from handler.sdk.drain import Drain, JobDrain, JobEngine, unless_expired
-from handler.sdk.job_take import UnreadableInput
+from handler.runpod_loop.drain import Drain, JobDrain, JobEngine, unless_expired
+from handler.runpod_loop.job_take import UnreadableInput
 from handler.summarize.job import summarize_items
+from handler.tools.chat_options import setup_chat
 
 log = logging.getLogger("handler.worker")
 
@@ -40,7 +40,7 @@ class Worker:
         self.in_flight = 0
         self.metrics = metrics or Metrics()
         self.cache = ResultCache(settings.result_cache_size, settings.result_cache_ttl_s)
-        # SIGTERM's drain: the SDK loop (handler.sdk.scaler) starts and ends it, each job registers
+        # SIGTERM's drain: the SDK loop (handler.runpod_loop.scaler) starts and ends it, each job registers
         self.drain = Drain(settings.drain_timeout_s, self._abort_request)
         self.loader = EngineLoader(settings, engine_factory or build_engine, self.metrics, progress=progress,
                                    on_failure=self._request_refresh)
@@ -165,7 +165,7 @@ class Worker:
             items = summarize_items(run)
         else:
             setup_chat(run)  # tool-call and reasoning parsers for this model (may adjust the sampling)
-            request = run.prepare(job_prompt(spec), spec.sampling)
+            request = run.prepare(job_prompt(spec), spec.params)
             if spec.route == "/v1/responses":
                 items = responses_items(run, request, ctx.id, model_label(self.settings))
             elif spec.is_openai:

@@ -1,9 +1,15 @@
 """A request's choices as a job reports them (n > 1, logprobs): what each engine output
 adds to every choice (text, token ids, logprobs), and the finished Completion's choices.
-A request that asks neither keeps the plain text deltas (`detailed` is False)."""
+A request that asks neither keeps the plain text deltas (`detailed` is False). `is_truncated`:
+what a finish reason says of the output, for every route."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+def is_truncated(finish_reason: str | None) -> bool:
+    """The output stopped at its token limit (max_tokens, or the context): finish_reason "length"."""
+    return finish_reason == "length"
 
 
 def detailed(params) -> bool:

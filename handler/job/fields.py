@@ -1,5 +1,6 @@
 """Checks of single values in a job's input, each refusal naming the field:
-JSON depth and Unicode, booleans, chat messages, prompts; and the input's fingerprint."""
+JSON depth and Unicode, booleans, chat messages, prompts, unknown keys' names; and the
+input's fingerprint."""
 from __future__ import annotations
 
 import hashlib
@@ -11,12 +12,20 @@ from handler.errors import invalid
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 MAX_JSON_DEPTH = 32  # deepest nesting of lists and objects in a job's input
+MAX_KEY_CHARS = 100  # of an unknown key's name as an error names it
 SCALARS = frozenset({int, float, bool, type(None)})  # JSON values with nothing inside to check
 
 
 def field_name(key: str) -> str:
     """A key as it can appear in an error (an unpaired surrogate would break the UTF-8 reply)."""
     return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def named_key(key: str) -> str:
+    """An unknown key as an error names it: as sent (the error's JSON carries any character, the
+    log escapes them: handler.logs), cut after MAX_KEY_CHARS."""
+    cut = len(key) - MAX_KEY_CHARS
+    return key if cut <= 0 else f"{key[:MAX_KEY_CHARS]}... ({cut:,} more characters)"
 
 
 def _valid_unicode(strings) -> bool:

@@ -46,15 +46,16 @@ def _structured(key: str, value: Any, spec, out: dict) -> None:
         spec.renamed["structured_outputs"] = key
 
 
-def check_sampling(values: Any, spec, sent_as: dict[str, str] | None = None) -> dict:
-    """The given sampling values (None ones dropped), checked now by the engine's
-    SamplingParams rules so a bad one fails before the model loads; `sent_as` maps an
-    engine name to the one the job gave (OpenAI's max_completion_tokens)."""
+def check_sampling(values: Any, spec, sent_as: dict[str, str] | None = None) -> tuple[dict, Any]:
+    """(the given sampling values, None ones dropped; the engine's SamplingParams of them), built
+    now by the engine's rules so a bad value fails before the model loads, and built once: the
+    job's request runs with these params. `sent_as` maps an engine name to the one the job gave
+    (OpenAI's max_completion_tokens)."""
     from engine.errors import InvalidInputError
     from engine.input_processor import sampling_params
 
     if values is None:
-        return {}
+        return {}, sampling_params(None)
     if not isinstance(values, dict):
         raise invalid(spec.field(None), "must be an object")
     out = {}
@@ -71,7 +72,6 @@ def check_sampling(values: Any, spec, sent_as: dict[str, str] | None = None) -> 
         if value is not None:
             out[key] = value
     try:
-        sampling_params(out)
+        return out, sampling_params(out)
     except InvalidInputError as exc:
         raise invalid_from_engine(spec, exc, sent_as) from None
-    return out

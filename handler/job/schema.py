@@ -1,5 +1,6 @@
-"""Job input parsing and validation: worker-vllm's shapes plus ours, into one
-`JobSpec`; every refusal is an invalid_input JobError naming the field."""
+"""The job's schema: `JobSpec`, what a job asks whichever form it came in (native, OpenAI), and
+the options any job may give beside its request (request_id, priority, deadline, cache salt,
+truncation policy, streaming); every refusal an invalid_input JobError naming the field."""
 from __future__ import annotations
 
 import hashlib
@@ -8,9 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.validation import is_int, is_number
-from handler.errors import JobError, invalid
-from handler.job.fields import check_json, fingerprint, parse_bool, parse_messages, parse_prompt
-from handler.job.sampling import check_sampling
+from handler.errors import invalid
+from handler.job.fields import check_json, fingerprint, named_key, parse_bool
 from handler.logs import has_control_chars
 from handler.result_cache import ResultKey
 
@@ -20,7 +20,7 @@ TOP_LEVEL_KEYS = {
     # worker-vllm
     "prompt", "messages", "sampling_params", "stream", "apply_chat_template", "use_openai_format",
     "max_batch_size", "min_batch_size", "batch_size_growth_factor", "openai_route", "openai_input",
-    "route", "method", "body",  # its newer generic proxy form (handler.job.route_body)
+    "route", "method", "body",  # its newer generic proxy form (handler.openai.route_body)
     # ours
     "summarize", "on_truncation", "request_id", "priority", "timeout_s", "cache_salt", "tenant",
 }
@@ -28,7 +28,6 @@ TOP_LEVEL_KEYS = {
 MAX_REQUEST_ID_LEN = 256
 MAX_BATCH_SIZE = 2**31  # stream item sizes (tokens) beyond this are the same as this
 MAX_TENANT_LEN = 256
-MAX_KEY_CHARS = 100  # of an unknown key's name as an error names it
 
 
 @dataclass(slots=True)
@@ -59,7 +58,8 @@ class JobSpec:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     apply_chat_template: bool = False
-    sampling: dict = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)  # the sampling values as the job gave them (engine names)
+    params: Any = None  # engine.SamplingParams of `sampling`, built once when they were checked
     stream: bool = False
     on_truncation: str = "flag"
     idempotency_key: str | None = None  # the job's `request_id`: the same one returns the stored result
@@ -70,7 +70,7 @@ class JobSpec:
     summarize: SummarizeSpec | None = None
     include_usage: bool = False  # OpenAI stream_options.include_usage
     echo: bool = False  # OpenAI completions: the prompt's text (and logprobs) before the completion
-    chat: Any = None  # handler.job.chat_options.ChatOptions: tools, tool_choice, chat_template_kwargs, parsers
+    chat: Any = None  # handler.tools.chat_options.ChatOptions: tools, tool_choice, chat_template_kwargs, parsers
     openai_input: bool = False  # its request fields sit under openai_input (an openai_route job)
     fingerprint: str = ""  # hash of the input without request_id (the result cache key)
     # engine field -> the job's field that gave it, when the names differ (structured_outputs
@@ -106,13 +106,6 @@ class JobSpec:
         return name
 
 
-def _named(key: str) -> str:
-    """An unknown key as an error names it: as sent (the error's JSON carries any character, the
-    log escapes them: handler.logs), cut after MAX_KEY_CHARS."""
-    cut = len(key) - MAX_KEY_CHARS
-    return key if cut <= 0 else f"{key[:MAX_KEY_CHARS]}... ({cut:,} more characters)"
-
-
 def _batching(data: dict, settings: Any) -> StreamBatching:
     def get(key, default, minimum, kind):
         v = data.get(key)
@@ -127,45 +120,6 @@ def _batching(data: dict, settings: Any) -> StreamBatching:
         min_size=get("min_batch_size", settings.min_batch_size, 1, int),
         growth=float(get("batch_size_growth_factor", settings.batch_size_growth_factor, 1, float)),
     )
-
-
-def _summarize(value: Any) -> SummarizeSpec:
-    if isinstance(value, str):
-        value = {"text": value}
-    if not isinstance(value, dict):
-        raise invalid("summarize", "must be the document text or {text, instructions, max_tokens}")
-    unknown = set(value) - {"text", "document", "instructions", "max_tokens"}
-    if unknown:
-        raise invalid(f"summarize.{_named(sorted(unknown)[0])}",
-                      "unknown key; use text, instructions, max_tokens")
-    text = value.get("text", value.get("document"))
-    if not isinstance(text, str) or not text.strip():
-        raise invalid("summarize.text", "must be a non-empty string")
-    instructions = value.get("instructions")
-    if instructions is not None and (not isinstance(instructions, str) or not instructions.strip()):
-        raise invalid("summarize.instructions", "must be a non-empty string")
-    max_tokens = value.get("max_tokens")
-    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
-        raise invalid("summarize.max_tokens", "must be an integer >= 1")
-    return SummarizeSpec(text=text, instructions=instructions, max_tokens=max_tokens)
-
-
-def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
-    """The job's `input` as a JobSpec; raises JobError(invalid_input) naming the field
-    (also for input over the size limits of handler.limits)."""
-    from handler.job.limits import check_limits, precheck_counts
-
-    if isinstance(job_input, dict) and "route" in job_input:  # worker-vllm's route + body form
-        from handler.job.route_body import as_openai_form, named_as_body
-
-        try:
-            return parse_job_input(as_openai_form(job_input, ROUTES), settings)
-        except JobError as exc:
-            raise named_as_body(exc) from None
-    precheck_counts(job_input, settings)
-    spec = _parse_job_input(job_input, settings)
-    check_limits(spec, job_input, settings)
-    return spec
 
 
 def _cache_salt(job_input: dict) -> str | None:
@@ -186,29 +140,19 @@ def _sha256(parts: list) -> str:
     return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
 
 
-def _parse_job_input(job_input: Any, settings: Any) -> JobSpec:
+def new_spec(job_input: Any, settings: Any) -> JobSpec:
+    """A JobSpec of what every job may say besides its request (request_id, priority, deadline,
+    cache salt, truncation policy, streaming), the input checked as JSON and its keys known;
+    its request is read by its form (handler.job_input)."""
     if not isinstance(job_input, dict):
         raise invalid("input", "must be a JSON object")
     check_json(job_input)
     for key in job_input:
         if key not in TOP_LEVEL_KEYS:
-            raise invalid(_named(key) or '""',
+            raise invalid(named_key(key) or '""',
                           "unknown input key; expected one of " + ", ".join(sorted(TOP_LEVEL_KEYS)))
     spec = JobSpec(route="generate", fingerprint=fingerprint(job_input))
     _parse_job_options(job_input, settings, spec)
-    route = job_input.get("openai_route")
-    if route is not None:
-        from handler.job.openai_input import parse_openai_input
-
-        if route not in ROUTES:
-            raise invalid("openai_route", "must be one of " + ", ".join(ROUTES))
-        for key in ("prompt", "messages", "summarize", "sampling_params"):
-            if key in job_input:
-                raise invalid(key, "not allowed with openai_route (put it in openai_input)")
-        spec.route = route
-        parse_openai_input(route, job_input.get("openai_input"), spec)
-        return spec
-    _parse_native_request(job_input, spec)
     return spec
 
 
@@ -240,35 +184,3 @@ def _parse_job_options(job_input: dict, settings: Any, spec: JobSpec) -> None:
     spec.on_truncation = policy
     spec.stream = parse_bool(job_input, "stream", False)
     spec.batching = _batching(job_input, settings)
-
-
-def _parse_native_request(job_input: dict, spec: JobSpec) -> None:
-    """worker-vllm's own request: prompt, messages or (ours) summarize, with sampling_params."""
-    present = [k for k in ("prompt", "messages", "summarize") if job_input.get(k) is not None]
-    if not present:
-        raise invalid("prompt", "one of prompt, messages, summarize or openai_route is required")
-    if len(present) > 1:
-        raise invalid(present[1], f"give only one of prompt, messages, summarize (got {', '.join(present)})")
-    if "openai_input" in job_input:
-        raise invalid("openai_input", "needs openai_route")
-    spec.sampling = check_sampling(job_input.get("sampling_params"), spec)
-    spec.apply_chat_template = parse_bool(job_input, "apply_chat_template", False)
-    use_openai = parse_bool(job_input, "use_openai_format", False)
-    if present[0] == "summarize":
-        spec.route = "summarize"
-        if "structured_outputs" in spec.sampling:  # it would shape every partial summary too
-            raise invalid(spec.field("structured_outputs"), "structured output is not supported with summarize")
-        spec.summarize = _summarize(job_input["summarize"])
-    elif present[0] == "messages":
-        spec.messages = parse_messages(job_input["messages"])
-        if use_openai:
-            spec.route = "/v1/chat/completions"
-    else:
-        spec.prompt = parse_prompt(job_input["prompt"])
-        if spec.apply_chat_template:
-            if not isinstance(spec.prompt, str):
-                raise invalid("apply_chat_template", "needs a text prompt")
-            spec.messages = [{"role": "user", "content": spec.prompt}]
-            spec.prompt = None
-        if use_openai:
-            spec.route = "/v1/chat/completions" if spec.messages else "/v1/completions"

@@ -1,2 +1,3 @@
-"""The `summarize` batch client (`cli`, run as `summarize` or `python -m handler.summarize`)
-and the map-reduce the worker's `summarize` job shares with it (`core`, `job`)."""
+"""The worker's `summarize` job: map-reduce over token chunks until the document fits the
+context (`core`, which the `summarize` client shares), the job's engine calls (`job`) and
+their order among the summarize jobs of one worker (`schedule`)."""

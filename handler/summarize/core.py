@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from handler.job.choices import is_truncated
+
 DEFAULT_INSTRUCTIONS = (
     "Summarize the following text. Keep the key facts, decisions and action items; do not add anything new."
 )
@@ -133,7 +135,7 @@ async def reduce_to_fit(
         for p in pieces:
             plan.prompt_tokens += p.prompt_tokens
             plan.completion_tokens += p.completion_tokens
-            plan.truncated_parts += p.finish_reason == "length"
+            plan.truncated_parts += is_truncated(p.finish_reason)
         summaries = [p.text.strip() for p in pieces if p.text.strip()] or [p.text for p in pieces]
         plan.messages = combine_messages(summaries, instructions)
 

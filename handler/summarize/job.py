@@ -1,6 +1,6 @@
-"""The worker's `summarize` job: map-reduce over token chunks (summarize.core)
+"""The worker's `summarize` job: map-reduce over token chunks (handler.summarize.core)
 until the document fits the context, then the final summary streamed like any job.
-Its engine calls go through the worker's CallGate (summarize.schedule): last calls and
+Its engine calls go through the worker's CallGate (handler.summarize.schedule): last calls and
 short documents first, so a short document never waits for a long one's chunks."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 
+from handler.engine_setup import serves_default_model
 from handler.errors import JobError, invalid
-from handler.execution import JobRequests
-from handler.routes.generate import generate_items
+from handler.job.requests import JobRequests
+from handler.native.output import generate_items
 from handler.summarize import core
 from handler.summarize.schedule import call_gate
 
@@ -22,7 +23,7 @@ _live: dict[str, object] = {}  # job id -> the JobContext of a summarize job run
 def summary_defaults(settings) -> dict:
     """Sampling of summarize jobs: the default model's tuned values when it is served."""
     defaults = {**core.SUMMARY_SAMPLING, "max_tokens": core.SUMMARY_MAX_TOKENS}
-    if not settings.model_name:
+    if serves_default_model(settings):
         from handler.prepare import default_model
 
         defaults.update(getattr(default_model, "SUMMARIZE_SAMPLING", {}))

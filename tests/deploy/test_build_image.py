@@ -64,7 +64,7 @@ def test_hostpip_serves_only_the_configured_folders(hostpip, tmp_path):
 
 
 def test_the_container_run_sends_every_hub_test_and_the_contract_endings():
-    from handler.job.schema import parse_job_input
+    from handler.job_input import parse_job_input
     from handler.settings import load_settings
 
     jobs = load_docker_module("run_image_jobs")._jobs(REPO / ".runpod" / "tests.json")

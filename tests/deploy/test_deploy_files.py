@@ -245,7 +245,7 @@ def test_hub_presets_name_valid_settings():
 
 # -- .runpod/tests.json -------------------------------------------------------------------
 def test_tests_json_jobs_are_valid_worker_inputs():
-    from handler.job.schema import parse_job_input
+    from handler.job_input import parse_job_input
 
     tests = TESTS["tests"]
     names = [t["name"] for t in tests]

@@ -4,7 +4,7 @@ of the fake control plane: each request becomes an `openai_route` job (the body 
 a real runpod SDK worker loop (`python -m handler`) takes it. The answer is the job's output (one
 response object), or with `stream: true` its streamed items as server-sent events ending
 `data: [DONE]`; a FAILED job answers an OpenAI error built as the local endpoint builds it
-(handler.serve.openai_routes), so both fakes answer alike."""
+(handler.http.openai_routes), so both fakes answer alike."""
 from __future__ import annotations
 
 import json
@@ -20,8 +20,8 @@ ROUTES = {("POST", "chat/completions"): "/v1/chat/completions", ("POST", "comple
 
 
 def _error(job) -> tuple[int, dict]:
-    from handler.serve.jobs import Job
-    from handler.serve.openai_routes import HTTP_STATUS, error_object
+    from handler.http.jobs import Job
+    from handler.http.openai_routes import HTTP_STATUS, error_object
 
     body = error_object(Job(job.id, job.input, status=job.status, error=job.error))
     return HTTP_STATUS.get(body["error"].get("code"), 500), body
@@ -81,7 +81,7 @@ class FakeOpenAIProxy:
 
     def _stream(self, req: BaseHTTPRequestHandler, jid: str) -> None:
         """The job's stream items as SSE while they come (the connection's end ends the body)."""
-        from handler.serve.openai_routes import DONE, sse
+        from handler.http.openai_routes import DONE, sse
 
         plane = self.plane
         plane.wait_for(lambda: plane.jobs[jid].stream or plane.jobs[jid].status in FINAL, self.timeout_s, jid)

@@ -12,9 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from handler.serve.job_queue import JobQueue
-from handler.serve.jobs import CANCELLED, FINAL, NOT_FOUND, Job, JobStore
-from handler.serve.sdk_job import run_job
+from handler.http.job_queue import JobQueue, run_stored_job
+from handler.http.jobs import CANCELLED, FINAL, NOT_FOUND, Job, JobStore
 from tests.fakes.http_server import close, serve
 
 MAX_BODY = 10 * 1024 * 1024  # RunPod's payload limit for /run
@@ -26,7 +25,7 @@ class FakeRestAPI:
     such worker, `concurrency` at a time, as the runpod SDK runs an async-generator handler with
     return_aggregate_stream. `fail_with_oom(predicate)` makes the next matching jobs run on a
     fresh worker whose engine injects a CUDA out-of-memory error into that job (FAULT_INJECTION).
-    The jobs, their views and their end by the SDK's rules are the package's (handler.serve), as
+    The jobs, their views and their end by the SDK's rules are the package's (handler.http), as
     the local endpoint keeps them; the transport (threads, auth, one endpoint id) is the fake's."""
 
     def __init__(self, make_worker: Callable[..., Any], *, api_key: str = "test-key", endpoint: str = "ep-test",
@@ -148,7 +147,7 @@ class FakeRestAPI:
             return
         worker, temporary = self._pick_worker(job)
         try:
-            await run_job(worker.handle, job, self.store, job.worker)
+            await run_stored_job(worker.handle, job, self.store, job.worker)
         finally:
             if temporary:
                 await worker.aclose()

@@ -3,6 +3,7 @@ for tests (an engine step that raises as a dead GPU would) applied before the ha
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +80,17 @@ class WorkerProcess:
                 break
             time.sleep(0.05)
         raise TimeoutError(f"no line with {needle!r}; output:\n{self.output[-4000:]}")
+
+    def wait_for_port(self, port: int, timeout: float) -> None:
+        """Until the worker listens on 127.0.0.1:`port`; fails with its output if it exits or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline and self.proc.poll() is None, self.output[-3000:]
+                time.sleep(0.2)
 
     def stop(self):
         if self.proc.poll() is None:

@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -79,14 +78,7 @@ def test_rp_serve_api_serves_our_handler(tiny_llama_dir):
     proc = WorkerProcess(local_env(MODEL_NAME=tiny_llama_dir, UVICORN_LOG_LEVEL="warning"),
                          ["--rp_serve_api", "--rp_api_port", str(port), "--rp_api_host", "127.0.0.1"])
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output[-3000:]
-                time.sleep(0.2)
+        proc.wait_for_port(port, 60)
         body = json.dumps({"input": {"prompt": "The quick brown fox", "stream": True,
                                  "sampling_params": {"ignore_eos": True}}}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/runsync", body, {"Content-Type": "application/json"})

@@ -44,7 +44,7 @@ def value(samples: dict, name: str, **labels) -> float:
 def test_metrics_over_http_follow_the_engine_and_the_jobs(loop, make_worker):
     w = make_worker(MAX_NUM_SEQS="1")
     port = free_port()
-    w.metrics.serve(port, addr="127.0.0.1")
+    w.metrics.start_server(port, addr="127.0.0.1")
     try:
         results = [run(loop, w, {"prompt": PROMPT, "sampling_params": SURE}, f"ok-{i}") for i in range(2)]
         results.append(run(loop, w, {"prompt": "x", "sampling_params": {"top_k": -3}}, "bad"))
@@ -79,7 +79,7 @@ def test_metrics_over_http_follow_the_engine_and_the_jobs(loop, make_worker):
         assert value(seen, "worker_requests_running") == 1 and value(seen, "worker_queue_depth") == 1
         assert value(seen, "worker_kv_blocks_used") >= 1 and value(seen, "worker_jobs_in_flight") == 2
     finally:
-        w.metrics.stop_serving()
+        w.metrics.stop_server()
 
 
 def test_the_summary_line_comes_every_interval(loop, make_worker, caplog):
@@ -173,16 +173,16 @@ def test_metrics_bind_loopback_unless_another_host_is_given():
     for host, other in ((None, "127.0.0.2"), ("127.0.0.2", "127.0.0.1")):
         m, port = Metrics(), free_port()
         if host is None:
-            m.serve(port)
+            m.start_server(port)
         else:
-            m.serve(port, host)
+            m.start_server(port, host)
         try:
             assert reachable(host or "127.0.0.1", port) and scrape(port, host or "127.0.0.1")
             assert not reachable(other, port), f"metrics reachable on {other} too"  # 0.0.0.0 would answer there
         finally:
-            m.stop_serving()
+            m.stop_server()
     with pytest.raises(OSError, match="METRICS_HOST"):
-        Metrics().serve(free_port(), "no-such-host.invalid")
+        Metrics().start_server(free_port(), "no-such-host.invalid")
 
 
 def run_worker_with_metrics(tiny_llama_dir, port: int, **extra) -> tuple[dict, str, WorkerProcess]:

@@ -13,8 +13,8 @@ import pytest
 from handler.local import run_job
 from tests.fakes.runpod_rest_api import FakeRestAPI
 from tests.handler.conftest import assert_free, error_of, settings_for, text_of
-from tests.handler.summarize.conftest import local_env  # noqa: F401 - a fixture
-from tests.handler.summarize.notes import ENV, by_doc, check_line, make_notes, read_lines, summarize
+from tests.summarize.conftest import local_env  # noqa: F401 - a fixture
+from tests.summarize.notes import ENV, by_doc, check_line, make_notes, read_lines, summarize
 
 LONG = {"max_tokens": 60, "ignore_eos": True, "temperature": 0}
 

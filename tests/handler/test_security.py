@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from handler.job.schema import parse_job_input
+from handler.job_input import parse_job_input
 from handler.model_roots import allowed_roots, check_model_path
 from handler.settings import load_settings
 from handler.worker import Worker

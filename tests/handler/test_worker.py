@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from handler.routes.openai import parse_sse
 from handler.engine_setup import build_engine
 from handler.worker import Worker
 from tests.handler.conftest import assert_free, error_of, run, settings_for, text_of
+from tests.handler.sse import parse_sse
 
 GREEDY = {"temperature": 0}
 SURE = {"sampling_params": {"ignore_eos": True}}  # random weights may sample EOS first: empty_output
@@ -370,7 +370,7 @@ def test_metrics_are_served_for_prometheus(loop, shared_worker):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    shared_worker.metrics.serve(port)
+    shared_worker.metrics.start_server(port)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'worker_jobs_total{code="ok",status="completed"}' in body and "worker_kv_blocks_free" in body
     summary = shared_worker.metrics.summary()

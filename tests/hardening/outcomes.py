@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from handler.routes.openai import parse_sse
+from tests.handler.sse import parse_sse
 
 CONTRACT_KEYS = {"code", "message", "retryable"}
 

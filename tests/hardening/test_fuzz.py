@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handler.local import run_job
 from handler.job.fields import field_name
 from handler.job.sampling import SAMPLING_NOOP
-from handler.job.schema import TOP_LEVEL_KEYS, parse_job_input
+from handler.job.schema import TOP_LEVEL_KEYS
+from handler.job_input import parse_job_input
+from handler.local import run_job
 from handler.settings import load_settings
 from tests.hardening.conftest import FULL, size
 from tests.hardening.outcomes import error_object, output_text

@@ -1,4 +1,4 @@
-"""No job can slow the others (issue 21, items 4 and 5), measured in one in-process worker on the
+"""No job can slow the others, measured in one in-process worker on the
 tiny model: a job with the largest stop list the settings allow must not raise another job's time
 per output token (TPOT) by 1.5x over what a plain neighbour of the same length does (the control:
 on a loaded 2-core machine any neighbour alone costs the victim 1.5-1.9x, as CI has seen), and inputs at the size caps (a 1M-character
@@ -17,8 +17,8 @@ import pytest
 
 from handler.local import run_job
 from handler.worker import Worker
-from tests.hardening.conftest import size
 from tests.handler.conftest import settings_for
+from tests.hardening.conftest import size
 from tests.models import TOKENIZER_TEXT
 
 TPOT_RATIO_LIMIT = 1.5
@@ -184,7 +184,7 @@ def test_big_inputs_do_not_stall_the_event_loop(worker, figures, case):
 def test_prompts_processed_off_the_loop_end_as_on_it(worker, monkeypatch):
     """Every prompt through the thread (OFF_LOOP_SIZE 0) gives the same text, and the same coded
     failures naming the same fields, as through the event loop."""
-    import handler.execution as execution
+    import handler.job.requests as job_requests
 
     w, loop = worker
     greedy = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -213,10 +213,10 @@ def test_prompts_processed_off_the_loop_end_as_on_it(worker, monkeypatch):
         return out
 
     on_loop = ends("on the loop")  # a salt per pass: no prefix-cache hits from the other one
-    monkeypatch.setattr(execution, "OFF_LOOP_SIZE", 0)
+    monkeypatch.setattr(job_requests, "OFF_LOOP_SIZE", 0)
     calls = []
-    real = execution.JobRequests._process
-    monkeypatch.setattr(execution.JobRequests, "_process", lambda self, *a: calls.append(self.ctx.id) or real(self, *a))
+    real = job_requests.JobRequests._process
+    monkeypatch.setattr(job_requests.JobRequests, "_process", lambda self, *a: calls.append(self.ctx.id) or real(self, *a))
     off_loop = ends("off the loop")
     assert set(calls) == {f"j{i}" for i in range(len(jobs))}, calls  # every prompt went through the thread
     assert [e[:2] if isinstance(e, tuple) else "ok" for e in on_loop] == [

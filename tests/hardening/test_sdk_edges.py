@@ -60,7 +60,7 @@ def test_a_batch_with_unparseable_jobs_runs_the_good_ones_and_fails_the_bad_ones
 
 
 def test_the_job_take_parser_reads_each_job_of_a_batch_on_its_own():
-    from handler.sdk.job_take import UnreadableInput, parse_jobs
+    from handler.runpod_loop.job_take import UnreadableInput, parse_jobs
 
     tricky = {"id": "z", "input": {"prompt": 'brackets ]}" ,{ and a quote \\" in a string'}}
     body = b"[" + b", ".join([

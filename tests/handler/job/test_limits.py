@@ -4,7 +4,7 @@ limit and its setting, before the engine sees it."""
 import pytest
 
 from handler.errors import JobError
-from handler.job.schema import parse_job_input
+from handler.job_input import parse_job_input
 from handler.settings import load_settings
 from tests.handler.conftest import error_of, run
 

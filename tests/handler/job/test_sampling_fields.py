@@ -4,7 +4,7 @@ a string "false" is never taken as true, a dict never as a list, 1.0 or true nev
 import pytest
 
 from handler.errors import JobError
-from handler.job.schema import parse_job_input
+from handler.job_input import parse_job_input
 from handler.settings import load_settings
 from tests.handler.conftest import error_of, run, text_of
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from handler.errors import JobError, error_item
-from handler.job.schema import JobSpec, parse_job_input
+from handler.job.schema import JobSpec
+from handler.job_input import parse_job_input
 from handler.settings import load_settings
 
 S = load_settings({})

@@ -6,7 +6,7 @@ field as the client sent it; a second source is refused naming the second."""
 import pytest
 
 from handler.errors import JobError
-from handler.job.schema import parse_job_input
+from handler.job_input import parse_job_input
 from handler.settings import load_settings
 
 S = load_settings({})

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from handler.local import run_job
-from handler.summarize.inputs import Document
-from handler.summarize.runner import Options
 from handler.summarize.schedule import CallGate
+from summarize.inputs import Document
+from summarize.runner import Options
 from tests.handler.conftest import settings_for
-from tests.handler.summarize.notes import ENGLISH, ENV, long_text
 from tests.handler.summarize.sim_engine import SimEngine
+from tests.summarize.notes import ENGLISH, ENV, long_text
 
 
 async def _inline(fn, *args, **kwargs):  # asyncio.to_thread without a thread: nothing runs on real time

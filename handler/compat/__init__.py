@@ -1,1 +1,0 @@
-"""Compatibility with worker-vllm: its environment variables, as a drop-in replacement."""

@@ -1,0 +1,67 @@
+"""The local endpoint's HTTP server (aiohttp, which the runpod SDK brings): the app with the
+/v2 and OpenAI routes, and `serve`, what `python -m handler --serve` runs until SIGINT
+or SIGTERM (then the running jobs are cancelled and the engine stops)."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from handler.http.endpoint import LocalEndpoint
+from handler.http.jobs import JobStore
+from handler.http.openai_routes import openai_routes
+from handler.http.rest import MAX_RUNSYNC_BODY, error, rest_routes
+
+log = logging.getLogger("handler.http")
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SHUTDOWN_S = 2.0  # on SIGINT/SIGTERM: how long requests still open (a /runsync waiting) may take to end
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Unknown routes and methods answer RunPod-style JSON `{"error"}` bodies, not HTML."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.content_type == "application/json":
+            raise
+        return error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+
+
+def make_app(endpoint: LocalEndpoint) -> web.Application:
+    """The aiohttp app of `endpoint`; its job queue starts with the app and the worker stops with it."""
+    app = web.Application(client_max_size=MAX_RUNSYNC_BODY + 1024 * 1024, middlewares=[json_errors])
+    app.add_routes(rest_routes(endpoint) + openai_routes(endpoint))
+
+    async def startup(_app):
+        await endpoint.start()
+
+    async def cleanup(_app):
+        await endpoint.close()
+
+    app.on_startup.append(startup)
+    app.on_cleanup.append(cleanup)
+    return app
+
+
+def serve(settings: Any, host: str, port: int) -> int:
+    """Serve the worker on http://host:port/v2/<any endpoint id>/... until stopped; returns the exit code."""
+    from handler.worker import Worker
+
+    store = JobStore()
+    worker = Worker(settings, progress=store.progress)
+    if settings.metrics_port:
+        worker.metrics.start_server(settings.metrics_port, settings.metrics_host)
+    app = make_app(LocalEndpoint(worker, store))
+    base = f"http://{host}:{port}/v2/local"
+    log.info("local endpoint on %s (any endpoint id): POST /run, /runsync; GET /status/<id>, /stream/<id>; "
+             "POST /cancel/<id>; GET /health; OpenAI: %s/openai/v1/chat/completions, /completions, /models",
+             base, base)
+    if host not in LOOPBACK:
+        log.warning("listening on %s: anyone who can reach this address can run jobs (no API key is checked)", host)
+    web.run_app(app, host=host, port=port, print=None, access_log=log if settings.log_level == "debug" else None,
+                handle_signals=True, shutdown_timeout=SHUTDOWN_S)
+    worker.close()
+    return 0

@@ -1,0 +1,268 @@
+"""How a job runs its engine requests: the prompt and sampling values through
+the engine's input processor (its coded errors named by the job's fields; a
+large prompt tokenized in a thread of its own, never on the event loop), the
+event loop over the engine's stream (deadline, queue timeout, partial text),
+and the failure contract's check on the finished request."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from handler.errors import JobError
+from handler.job.choices import ChoiceTracker, detailed, is_truncated
+from handler.job.sampling import invalid_from_engine
+from handler.job.schema import JobSpec
+
+
+OFF_LOOP_SIZE = 8192  # characters (or token ids) of a prompt past which it is processed off the event loop
+_prompt_pool: ThreadPoolExecutor | None = None
+
+
+def prompt_pool() -> ThreadPoolExecutor:
+    """The one thread that processes large prompts: they queue behind each other, never in the
+    default executor where the engine's steps run (a burst of them cannot hold a step back)."""
+    global _prompt_pool
+    if _prompt_pool is None:
+        _prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompts")
+    return _prompt_pool
+
+
+def prompt_size(prompt) -> int:
+    """Characters (or token ids) of a prompt in the input processor's forms: what tokenizing it costs."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+        elif "messages" in prompt:
+            return sum(len(m["content"]) for m in prompt["messages"]
+                       if isinstance(m, dict) and isinstance(m.get("content"), str))
+        else:
+            prompt = prompt.get("prompt")
+    return len(prompt) if isinstance(prompt, (str, list)) else 0
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    """A prompt too large to tokenize on the event loop, with its SamplingParams (checked, max_tokens
+    as asked): `JobRequests.events` processes it in `prompt_pool` first (its errors then come from
+    there, coded the same); like an EngineRequest, a retry may replace its params."""
+
+    prompt: Any
+    params: Any  # engine.SamplingParams
+
+
+@dataclass(slots=True)
+class Completion:
+    """A finished request, as the job reports it."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    metrics: dict
+    # every choice (handler.job.choices.Choice), for a request of n > 1 or logprobs; text and
+    # finish_reason above are choice 0's, completion_tokens all choices'
+    choices: list = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list | None = None  # engine Logprob dicts per prompt token (the first: None)
+
+
+class RequestStream:
+    """`engine.generate` consumed by a task: `latest` is the newest output, `error` the
+    request's failure, `done` the end; `wait` reports news, `close` aborts. A slow
+    reader gets text coalesced, never queued."""
+
+    def __init__(self, engine, request, request_id: str, priority: int, cache_salt: str | None):
+        self.latest = None
+        self.error: BaseException | None = None
+        self.done = False
+        self._changed = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(
+            self._consume(engine, request, request_id, priority, cache_salt))
+
+    async def _consume(self, engine, request, request_id, priority, cache_salt):
+        try:
+            async for out in engine.generate(request, None, request_id=request_id, priority=priority,
+                                             cache_salt=cache_salt):
+                self.latest = out
+                self._changed.set()
+        except Exception as exc:  # noqa: BLE001 - handed to the job, which reports it
+            self.error = exc
+        finally:
+            self.done = True
+            self._changed.set()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait for news (new output, an error, the end); False when `timeout` passed first."""
+        if not self._changed.is_set():
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                return False
+        self._changed.clear()
+        return True
+
+    async def close(self) -> None:
+        """Abort the request if it still runs (the engine frees its KV blocks)."""
+        if not self._task.done():
+            self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # we ourselves are being cancelled
+
+
+def job_prompt(spec: JobSpec):
+    """The job's prompt as the engine's input processor takes it."""
+    if spec.messages is not None:
+        return {"messages": spec.messages, **(spec.chat.prompt_fields() if spec.chat is not None else {})}
+    if isinstance(spec.prompt, list):
+        return {"prompt_token_ids": spec.prompt}
+    return spec.prompt
+
+
+class JobRequests:
+    """One job's engine requests: `prepare` a prompt with sampling values, run it with
+    `events`, `check` the result against the failure contract."""
+
+    def __init__(self, ctx, engine, spec: JobSpec, settings: Any):
+        self.ctx, self.engine, self.spec, self.settings = ctx, engine, spec, settings
+
+    def prepare(self, prompt, sampling):
+        """The engine request of `prompt` with `sampling` (values, or the job's SamplingParams: used as
+        they are, not built again): a missing max_tokens is what fits the context (and the KV
+        cache), capped at DEFAULT_MAX_TOKENS (and MAX_OUTPUT_TOKENS): never vLLM's 16.
+        A prompt over OFF_LOOP_SIZE comes back as a PendingRequest that `events` processes
+        in a thread, so tokenizing a million characters stalls no other job's stream."""
+        if prompt_size(prompt) > OFF_LOOP_SIZE:
+            from engine.input_processor import sampling_params
+
+            with self._coded_errors():
+                return PendingRequest(prompt, sampling_params(sampling))
+        return self._process(prompt, sampling)
+
+    def _process(self, prompt, sampling):
+        """input_processor.process with the job's defaults; `sampling`: values or SamplingParams."""
+        cap = getattr(self.settings, "max_output_tokens", None) or math.inf
+        default = int(min(self.settings.default_max_tokens, cap))
+        with self._coded_errors():
+            return self.engine.input_processor.process(prompt, sampling, default_max_tokens=default)
+
+    @contextlib.contextmanager
+    def _coded_errors(self):
+        """The engine's refusals as the job's: invalid_input naming the job's field; prompt_too_long,
+        kv_capacity with the engine's codes and numbers."""
+        from engine.errors import EngineError, InvalidInputError
+
+        try:
+            yield
+        except InvalidInputError as exc:
+            raise invalid_from_engine(self.spec, exc) from None
+        except EngineError as exc:
+            raise JobError.from_exception(exc) from None
+
+    async def _process_off_loop(self, pending: PendingRequest):
+        """A PendingRequest processed in prompt_pool, within the job's deadline."""
+        future = asyncio.get_running_loop().run_in_executor(prompt_pool(), self._process, pending.prompt,
+                                                            pending.params)
+        limit = None if self.ctx.deadline is None else max(0.0, self.ctx.deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(future, limit)
+        except TimeoutError:
+            raise self._deadline_error("") from None
+
+    def count_tokens(self, prompt) -> int:
+        """Tokens of a prompt as prepare would encode it."""
+        return len(self.engine.input_processor.encode(prompt)[1])
+
+    async def events(self, request, engine_request_id: str) -> AsyncIterator[tuple[str, Any, int]]:
+        """Run one request: ("delta", text, new_tokens) events, then ("done", Completion, 0); for a
+        request of n > 1 or logprobs (handler.job.choices.detailed) a delta is a list of ChoiceDelta.
+        Raises JobError on failure, timeout or queue timeout, with the text so far."""
+        engine, ctx = self.engine, self.ctx
+        if engine.is_dead:
+            raise JobError("engine_dead", "the engine is dead; this worker is being replaced")
+        if isinstance(request, PendingRequest):
+            request = await self._process_off_loop(request)
+        submitted = time.monotonic()
+        ctx.arrival = ctx.arrival or submitted
+        stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt)
+        text, ntok, out = "", 0, None
+        tracker, detail = ChoiceTracker(), detailed(request.params)
+        started = False  # the engine has run a step of it: no longer queued
+        try:
+            while True:
+                if not await stream.wait(self._wait_limit(submitted, queued=out is None and not started)):
+                    self._raise_deadline(text)
+                    if not engine.is_queued(engine_request_id):
+                        started = True  # a long prefill, not a queue: wait for its tokens
+                        continue
+                    raise JobError("overloaded", f"still queued in the engine QUEUE_TIMEOUT_S="
+                                   f"{self.settings.queue_timeout_s:g}s after reaching it", retryable=True)
+                # snapshot first: the stream moves on while we are suspended at the yield below
+                latest, error, done = stream.latest, stream.error, stream.done
+                if latest is not None and latest is not out:
+                    if out is None:
+                        ctx.prompt_tokens += len(latest.prompt_token_ids)
+                        ctx.cached_tokens += latest.num_cached_tokens or 0
+                    out = latest
+                    new_text, new_tok, deltas = tracker.advance(out)
+                    ctx.add_tokens(new_tok)
+                    text, ntok = tracker.text, tracker.ntok
+                    if new_text or new_tok:
+                        yield "delta", (deltas if detail else new_text), new_tok
+                if error is not None:
+                    err = JobError.from_exception(error)
+                    engine_text = err.details.pop("partial_text", None) or ""
+                    raise err.with_partial_text(max(text, engine_text, key=len))
+                if done:
+                    break
+        finally:
+            await stream.close()
+        if out is None:
+            raise JobError("internal_error", "the engine ended the request without any output")
+        comp = out.outputs[0]
+        yield "done", Completion(text, comp.finish_reason, len(out.prompt_token_ids), ntok, out.num_cached_tokens,
+                                 dict(out.metrics or {}), tracker.choices(out) if detail else [],
+                                 list(out.prompt_token_ids), out.prompt_logprobs), 0
+
+    def _wait_limit(self, submitted: float, queued: bool) -> float | None:
+        """Seconds to wait for news: until the job's deadline, or the queue timeout while queued."""
+        now = time.monotonic()
+        limits = []
+        if self.ctx.deadline is not None:
+            limits.append(self.ctx.deadline - now)
+        if self.settings.queue_timeout_s and queued:
+            limits.append(submitted + self.settings.queue_timeout_s - now)
+        return max(0.0, min(limits)) if limits else None
+
+    def _raise_deadline(self, text: str) -> None:
+        if self.ctx.deadline is not None and time.monotonic() >= self.ctx.deadline:
+            raise self._deadline_error(text)
+
+    def _deadline_error(self, text: str) -> JobError:
+        return JobError("timeout", f"the job's deadline of {self.spec.timeout_s:g}s passed",
+                        timeout_s=self.spec.timeout_s).with_partial_text(text)
+
+    def check(self, comp: Completion) -> None:
+        """The failure contract on a finished request: never success with empty or
+        (when asked) truncated text."""
+        if comp.finish_reason is None:
+            raise JobError("internal_error", "the request ended without a finish reason").with_partial_text(comp.text)
+        if comp.finish_reason == "abort":
+            raise JobError("cancelled", "the request was aborted").with_partial_text(comp.text)
+        usage = {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens}
+        if not comp.text.strip():
+            raise JobError("empty_output", f"the model produced {comp.completion_tokens} tokens but no text "
+                           f"(finish_reason {comp.finish_reason})", finish_reason=comp.finish_reason,
+                           usage=usage).with_partial_text(comp.text)
+        if is_truncated(comp.finish_reason) and self.spec.on_truncation == "error":
+            raise JobError("truncated", f"the output reached its limit of {comp.completion_tokens} tokens "
+                           "(on_truncation: error)", finish_reason="length", usage=usage).with_partial_text(comp.text)

@@ -1,0 +1,46 @@
+"""A job's `input` read into a JobSpec, whichever form it takes: worker-vllm's native one
+(handler.native.input), the OpenAI one (`openai_route` + `openai_input`: handler.openai),
+or worker-vllm's generic `route` + `body` read as the OpenAI one; then the size limits
+(handler.job.limits). Every refusal is invalid_input naming the field as the job sent it."""
+from __future__ import annotations
+
+from typing import Any
+
+from handler.errors import JobError, invalid
+from handler.job.limits import check_limits, precheck_counts
+from handler.job.schema import ROUTES, JobSpec, new_spec
+from handler.native.input import parse_native_request
+
+
+def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
+    """The job's `input` as a JobSpec; raises JobError(invalid_input) naming the field
+    (also for input over the size limits of handler.job.limits)."""
+    if isinstance(job_input, dict) and "route" in job_input:  # worker-vllm's route + body form
+        from handler.openai.route_body import as_openai_form, named_as_body
+
+        try:
+            return parse_job_input(as_openai_form(job_input, ROUTES), settings)
+        except JobError as exc:
+            raise named_as_body(exc) from None
+    precheck_counts(job_input, settings)
+    spec = new_spec(job_input, settings)
+    if job_input.get("openai_route") is not None:
+        _openai_request(job_input, spec)
+    else:
+        parse_native_request(job_input, spec)
+    check_limits(spec, job_input, settings)
+    return spec
+
+
+def _openai_request(job_input: dict, spec: JobSpec) -> None:
+    """An `openai_route` job's request: the route, and its `openai_input` (no native request beside)."""
+    from handler.openai.completions_input import parse_openai_input
+
+    route = job_input["openai_route"]
+    if route not in ROUTES:
+        raise invalid("openai_route", "must be one of " + ", ".join(ROUTES))
+    for key in ("prompt", "messages", "summarize", "sampling_params"):
+        if key in job_input:
+            raise invalid(key, "not allowed with openai_route (put it in openai_input)")
+    spec.route = route
+    parse_openai_input(route, job_input.get("openai_input"), spec)

@@ -1,0 +1,31 @@
+"""Summarize test fixtures: the worker's settings for the tiny model in a fresh folder."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.summarize.notes import ENV
+
+
+@pytest.fixture
+def local_env(monkeypatch, tiny_llama_dir, tmp_path):
+    """The worker's settings for the tiny model, the current folder a fresh one."""
+    monkeypatch.setenv("MODEL_NAME", tiny_llama_dir)
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in ("FAULT_INJECTION", "QUEUE_TIMEOUT_S", "JOB_TIMEOUT_S", "RUNPOD_API_KEY", "RUNPOD_ENDPOINT_BASE_URL",
+                 "MAX_NUM_BATCHED_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def terminal_sigint():
+    """Ctrl-C as a terminal delivers it: SIGINT raises KeyboardInterrupt (asyncio.run then cancels
+    its main task). A suite started in the background by a shell without job control inherits
+    SIGINT ignored, and a Ctrl-C test would then see nothing (and one waits for its timeout)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
