@@ -1,10 +1,10 @@
-"""E1 with chunked prefill under load (issue 20): 50 clients decode (512-token prompts,
-256 tokens out) while new 2,048-token prompts arrive, the token budget small enough that
-each arrival is prefilled in chunks beside the 50 decodes (mixed steps). The same run twice
-in one process: mixed steps replaying CUDA graphs (engine.mixed_graphs) and eagerly
-(max_cudagraph_tokens=0); decode-only steps replay their graphs in both.
+"""E1-chunked (benchmarks/README.md): E1 with chunked prefill under load. 50 clients decode
+(512-token prompts, 256 tokens out) while new 2,048-token prompts arrive, the token budget
+small enough that each arrival is prefilled in chunks beside the 50 decodes (mixed steps).
+The same run twice in one process: mixed steps replaying CUDA graphs (engine.mixed_graphs) and
+eagerly (max_cudagraph_tokens=0); decode-only steps replay their graphs in both.
 
-    python benchmarks/chunked_prefill.py [--budget 512] [--arrivals 12] [--every 0.15]
+    python3 benchmarks/chunked_prefill.py [--budget 512] [--arrivals 12] [--every 0.15] [--out PATH]
 
 Row: ratio_to_peer = tok/s with mixed graphs / tok/s eager (same workload, same process),
 ratio_to_floor = the floor (decode steps' bytes, the arrivals' prefill FLOPs) / wall time.
@@ -26,7 +26,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks import serve  # noqa: E402 - after the repository root is on the path
+from benchmarks import record, serve  # noqa: E402 - after the repository root is on the path
 
 
 async def load_run(engine, args, out_len: int, tag: str) -> dict:
@@ -121,20 +121,24 @@ def main():
     ap.add_argument("--every", type=float, default=0.15, help="seconds between arrivals")
     ap.add_argument("--budget", type=int, default=512, help="max_num_batched_tokens (the chunk + the decodes)")
     ap.add_argument("--graph-tokens", type=int, default=512, help="max_cudagraph_tokens of the graphed run")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "serve_chunked.json"))
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
     args = ap.parse_args()
     bw, peak = serve.measure_ceilings()
     eager = run(args, 0, bw, peak)
     graphs = run(args, args.graph_tokens, bw, peak)
     case = (f"Qwen2.5-7B-AWQ c={args.concurrency} + {args.arrivals} x {args.arrival_len}-token arrivals, "
             f"budget {args.budget}")
-    rows = [{"id": "E1", "case": case + ", mixed steps in CUDA graphs", "ratio_to_floor": round(graphs["ratio_to_floor"], 3),
-             "target_floor": 0.5, "ratio_to_peer": round(graphs["tok_s"] / eager["tok_s"], 3), "target_peer": 1.0,
-             "peer": "the same run with eager mixed steps", **{k: v for k, v in graphs.items() if k != "ratio_to_floor"}},
-            {"id": "E1", "case": case + ", mixed steps eager", "ratio_to_floor": round(eager["ratio_to_floor"], 3),
-             "target_floor": 0.5, "ratio_to_peer": None, "target_peer": None,
-             **{k: v for k, v in eager.items() if k != "ratio_to_floor"}}]
-    serve.save(args.out, bw, peak, rows)
+    ceiling = {"copy_GBps": bw / 1e9, "bf16_TFLOPs": peak / 1e12}
+    rows = [{"id": "E1-chunked", "case": case + ", mixed steps in CUDA graphs",
+             "ratio_to_floor": round(graphs["ratio_to_floor"], 3), "target_floor": 0.5,
+             "ratio_to_peer": round(graphs["tok_s"] / eager["tok_s"], 3), "target_peer": 1.0,
+             "peer": "the same run with eager mixed steps",
+             **{k: v for k, v in graphs.items() if k != "ratio_to_floor"}, **ceiling},
+            {"id": "E1-chunked", "case": case + ", mixed steps eager",
+             "ratio_to_floor": round(eager["ratio_to_floor"], 3), "target_floor": 0.5,
+             "ratio_to_peer": None, "target_peer": None,
+             **{k: v for k, v in eager.items() if k != "ratio_to_floor"}, **ceiling}]
+    record.save(rows, args.out)
     for r in rows:
         print(f"{r['case']}: {r['tok_s']:.0f} tok/s, x eager {r['ratio_to_peer']}, floor {r['ratio_to_floor']}, "
               f"decode TPOT p50/p99 {r['decode_tpot_p50'] * 1e3:.1f}/{r['decode_tpot_p99'] * 1e3:.1f} ms, "

@@ -1,11 +1,11 @@
-"""CPU benchmarks (BENCHMARKS.md C1, C2) on the 2-core machine.
+"""CPU benchmarks C1 and C2 (benchmarks/README.md), on a machine without a GPU.
 
-C1: the embedded default model (SmolLM2-135M AWQ), 128 output tokens, 1
-request and 8 concurrent, against transformers `generate` on the same
-weights dequantized. C2: cold start of `python -m handler --test_input`
-(process start to first token). Prints a table; writes JSON.
+C1: the embedded default model (SmolLM2-135M AWQ), 128 output tokens, 1 request and 8
+concurrent, against transformers `generate` on the same weights dequantized, in the same dtype,
+same prompts, same run. C2: cold start of `python -m handler --test_input` (process start to
+first token) with the model prepared.
 
-    python benchmarks/cpu.py [--model PATH] [--tokens 128] [--out benchmarks/results/cpu.json]
+    python3 benchmarks/cpu.py [--model PATH] [--tokens 128] [--dtypes float32,bfloat16] [--skip-c2] [--out PATH]
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks import record  # noqa: E402 - after the repository root is on the path
 
 PROMPTS = [
     "Summarize the meeting: the team agreed to move the launch to May.",
@@ -116,7 +118,7 @@ def main():
     ap.add_argument("--skip-c2", action="store_true")
     ap.add_argument("--dtypes", default="float32,bfloat16",
                     help="C1 in each (ours and transformers alike; 'auto' is what our engine picks here)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cpu.json"))
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
     args = ap.parse_args()
     path = args.model
     if path is None:
@@ -124,9 +126,7 @@ def main():
 
         path = ensure_default_model()
     rows = [r for dt in args.dtypes.split(",") for r in c1(path, args.tokens, dt)] + ([] if args.skip_c2 else c2())
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"torch_threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+    record.save([r | {"torch_threads": torch.get_num_threads()} for r in rows], args.out)
     print(f"{'id':4} {'case':48} {'ours':>9} {'peer':>9} {'ratio':>6} {'target':>6}")
     for r in rows:
         if r["id"] == "C1":
@@ -134,6 +134,7 @@ def main():
                   f"{r['target_peer'] or '-':>6}")
         else:
             print(f"{r['id']:4} {r['case']:48} {r['process_s']:>8}s  {r['cold_start_line']}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

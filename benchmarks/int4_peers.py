@@ -1,5 +1,5 @@
-"""The two W4A16 peers of K1 (issue 20), built from the same unpacked int4 weights,
-zero points and bf16 scales as our AWQ layers, group G:
+"""The two int4 peers of K1 (benchmarks/kernel_bench.py) besides cuBLAS, built from the same
+unpacked int4 weights, zero points and bf16 scales as our AWQ layers, group G:
 
 - tinygemm: PyTorch's own int4 GEMM (`torch._weight_int4pack_mm`, what gpt-fast uses).
   Its dequant is (q - 8) * scale + zero, so an AWQ zero point z becomes (8 - z) * scale.

@@ -1,10 +1,11 @@
-"""Kernel benchmarks K1-K4 of BENCHMARKS.md on a CUDA GPU: each kernel's median
-time as a ratio to its floor (copy bandwidth and bf16 matmul rate measured in
-this run) and to its peer (cuBLAS on dequantized weights, SDPA on contiguous KV). Times are medians of
-CUDA-graph replays cycling through enough input sets to keep L2 cold.
+"""Kernel benchmarks K1-K4 (benchmarks/README.md) on a CUDA GPU: each kernel's median time as a
+ratio to its floor (copy bandwidth and bf16 matmul rate measured in this run) and to its peer
+measured beside it (cuBLAS bf16 and the int4 GEMMs tinygemm and gemlite for K1, SDPA on
+contiguous KV for K2 and K3). Times are medians of CUDA-graph replays cycling through enough
+input sets to keep L2 cold. K1 runs the product's W4A16 path: llm_kernels.awq_prepare and
+awq_linear, whatever kernel they pick for the device and token count.
 
-    python benchmarks/kernel_bench.py --out $OUT/kernels.json
-    LLM_KERNELS_AWQ_MMA=1 python benchmarks/kernel_bench.py --only K1 ...  # with llm_kernels/awq_mma.py and awq_tile.py
+    python3 benchmarks/kernel_bench.py [--only K1,K2,K3,K4] [--ms 1,8,16] [--out PATH]
 """
 import argparse
 import json
@@ -18,17 +19,24 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import llm_kernels  # noqa: E402
-from llm_kernels.awq_configs import CKPT, KPACK, MMA, chosen_config, shape_key  # noqa: E402
-from llm_kernels.dispatch import FAILED, TIMINGS, graph_time  # noqa: E402
-from llm_kernels.awq import pack_awq_int4  # noqa: E402
-from benchmarks import int4_peers  # noqa: E402
+from llm_kernels.dispatch import FAILED, TIMINGS, chosen, graph_time  # noqa: E402
+from benchmarks import int4_peers, record  # noqa: E402
+
+
+def w4a16_tuner_keys(M: int, N: int, K: int, group: int, dtype) -> list[tuple]:
+    """The keys (kernel name, *shape key) under which llm_kernels.dispatch records the W4A16
+    tuner's choice (`chosen`), its candidates' timings (TIMINGS) and the configs that failed to
+    build (FAILED, by kernel name) for one K1 shape. The only place this script reads the W4A16
+    kernels' internals: re-point it here when their names or shape keys change."""
+    from llm_kernels.awq_configs import KPACK, shape_key
+
+    return [(KPACK,) + shape_key(M, N, K, group, dtype)]
+
 
 HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
 K1_SHAPES = [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]  # (K, N): qkv, o, gate+up, down
 GEN = None  # main(): the CUDA generator of every input (after --help, which needs no GPU)
 
-
-PARTIAL = None  # main(): --out + ".partial", K1's rows written after each shape
 L2_SPAN = 240e6  # bytes: rotate input sets until they span 4x the 60 MB L2
 
 
@@ -114,70 +122,69 @@ def time_int4_peers(x, ref, peer_sets):
     return out
 
 
-def k1(bw, peak, ms, shapes=None, ckpt_too=True, int4_peers_too=True):
-    from llm_kernels import awq
+def int4_set(K, N):
+    """Random unpacked int4 weights, zeros and bf16 scales of one K x N layer (group G)."""
+    q = torch.randint(0, 16, (K, N), device="cuda", generator=GEN, dtype=torch.int32)
+    qz = torch.randint(0, 16, (K // G, N), device="cuda", generator=GEN, dtype=torch.int32)
+    sc = (torch.rand(K // G, N, device="cuda", generator=GEN) * 0.01 + 0.001).to(torch.bfloat16)
+    return q, qz, sc
 
+
+def tuner_fields(M, N, K) -> dict:
+    """The W4A16 tuner's pick for this shape and its candidates' times (net of the L2 flush)."""
+    keys = w4a16_tuner_keys(M, N, K, G, torch.bfloat16)
+    picks = [c for c in (chosen(k[0], k[1:]) for k in keys) if c is not None]
+    cands = [[str(c), t * 1e6] for k in keys for c, t in TIMINGS.get(k, [])]
+    return {"config": str(picks[0]) if picks else None, "candidates_us": cands}
+
+
+def k1_rows_for(M, K, N, wbytes, prepared, dense, ref_w, peer_sets, bw, peak):
+    x = rand((M, K))
+    got = llm_kernels.awq_linear(x, prepared[0])  # tunes this shape before timing
+    ref = x.float() @ ref_w
+    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    ours = bench_rot([lambda p=p: llm_kernels.awq_linear(x, p) for p in prepared])
+    cublas = bench_rot([lambda w=w: x @ w for w in dense])
+    peers = {"cublas": cublas, **time_int4_peers(x, ref, peer_sets)}
+    peer = min(t for k, t in peers.items() if isinstance(t, float) and not k.endswith("_rel_err"))
+    floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / peak)
+    large = N == 37888 or K == 18944
+    tf = 0.80 if (large and M <= 16) else None  # the weight-bytes floor where it is above a launch's cost
+    tp = 1.0 if M <= 256 else 0.8  # the best peer up to 256 tokens, 0.8 of it above
+    r = row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err, ratio_to_cublas=cublas / ours,
+            tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, **tuner_fields(M, N, K),
+            **peer_fields(peers))
+    r["wrong"] = not err < 1.5e-2
+    return r
+
+
+def k1(bw, peak, ms, shapes=None, int4_peers_too=True, save=None):
     gemlite, why = int4_peers.load_gemlite() if int4_peers_too else (None, "skipped")
     if gemlite is None:
         print("K1: no gemlite row:", why)
-
     rows = []
     for K, N in shapes or K1_SHAPES:
         wbytes = K * N // 2 + (K // G) * N * 2 + (K // G) * N // 2
-        sets, peer_sets = [], []
-        for _ in range(nsets(wbytes)):
-            q = torch.randint(0, 16, (K, N), device="cuda", generator=GEN, dtype=torch.int32)
-            qz = torch.randint(0, 16, (K // G, N), device="cuda", generator=GEN, dtype=torch.int32)
-            sc = (torch.rand(K // G, N, device="cuda", generator=GEN) * 0.01 + 0.001).to(torch.bfloat16)
-            sets.append((pack_awq_int4(q), pack_awq_int4(qz), sc))
+        prepared, peer_sets = [], []
+        for i in range(nsets(wbytes)):
+            q, qz, sc = int4_set(K, N)
+            if i == 0:  # the reference weight, straight from the integers
+                ref_w = (q - qz.repeat_interleave(G, 0)).float() * sc.float().repeat_interleave(G, 0)
+            prepared.append(llm_kernels.awq_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(qz),
+                                                    sc, G))
             peer_sets.append(int4_peers.build(gemlite, q, qz, sc, G) if int4_peers_too else {})
             del q, qz
-        prepared = [awq.awq_prepare(*st, G) for st in sets]  # the engine's path: kpack (LLM_KERNELS_AWQ_MMA aside)
-        dense = [llm_kernels.awq_dequantize(*sets[i % len(sets)], G) for i in range(nsets(2 * K * N))]
-        ref_w = llm_kernels.awq_dequantize(*sets[0], G, dtype=torch.float32)
-        large = N == 37888 or K == 18944
-        for M in ms:
-            x = rand((M, K))
-            got = awq.awq_linear(x, prepared[0])  # tunes this shape before timing
-            ref = x.float() @ ref_w
-            err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
-            ours = bench_rot([lambda p=p: awq.awq_linear(x, p) for p in prepared])
-            ckpt = None
-            if ckpt_too:  # the checkpoint layout's own kernel (its tuner compiles ~15 more configs a shape)
-                llm_kernels.awq_gemm(x, *sets[0], G)
-                ckpt = bench_rot([lambda st=st: llm_kernels.awq_gemm(x, st[0], st[1], st[2], G) for st in sets])
-            cublas = bench_rot([lambda w=w: x @ w for w in dense])
-            peers = {"cublas": cublas, **time_int4_peers(x, ref, peer_sets)}
-            peer = min(t for k, t in peers.items() if isinstance(t, float) and not k.endswith("_rel_err"))
-            floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / peak)
-            # issue 20: at least the best of {tinygemm, gemlite, cuBLAS} up to M = 256, and
-            # BENCHMARKS.md's floor target at M <= 16; beyond, 0.8x the best peer
-            tf = 0.80 if (large and M <= 16) else None
-            tp = 1.0 if M <= 256 else 0.8
-            cfg = chosen_config(KPACK, M, N, K, G, torch.bfloat16)
-            small = chosen_config(MMA, M, N, K, G, torch.bfloat16)  # LLM_KERNELS_AWQ_MMA=1: mma / tile kernel or kpack
-            if small is not None and small.get("kind") in ("mma", "tile"):
-                cfg = small
-            elif prepared[0].mma_only:  # LLM_KERNELS_AWQ_MMA=small's layers
-                cfg = {"kind": "mma layout dequantized, then cuBLAS"}
-            # the tuner's times, each net of its L2 flush
-            cands = [[str(c), t * 1e6] for kernel in (KPACK, MMA)
-                     for c, t in TIMINGS.get((kernel,) + shape_key(M, N, K, G, torch.bfloat16), [])]
-            rows.append(row("K1", f"{K}x{N} M={M}", ours, floor, peer, tf, tp, rel_err=err,
-                            tflops=2 * M * K * N / ours / 1e12, gbps=wbytes / ours / 1e9, config=str(cfg),
-                            candidates_us=cands, checkpoint_layout_us=None if ckpt is None else ckpt * 1e6,
-                            **peer_fields(peers)))
-            if not err < 1.5e-2:
-                rows[-1]["case"] += " WRONG"
-        del sets, dense, ref_w, prepared, peer_sets
+        dense = [rand((K, N)) for _ in range(nsets(2 * K * N))]  # cuBLAS's time does not depend on the values
+        shape_rows = [k1_rows_for(M, K, N, wbytes, prepared, dense, ref_w, peer_sets, bw, peak) for M in ms]
+        rows += shape_rows
+        del prepared, dense, ref_w, peer_sets
         torch.cuda.empty_cache()
-        if PARTIAL:  # the shapes done so far, in case the run is cut short
-            with open(PARTIAL, "w") as f:
-                json.dump({"rows": rows}, f, indent=1)
-    for name, kernel in (("checkpoint layout", CKPT), ("kpack", KPACK), ("mma layout", MMA)):
-        failed = {key[1:]: why for key, why in FAILED.items() if key[0] == kernel}
-        if failed:
-            print(f"K1 {name} configs that did not build:", json.dumps({str(k): v for k, v in failed.items()}, indent=1))
+        if save:  # the shapes done so far, in case the run is cut short
+            save(shape_rows)
+    names = {k[0] for K, N in shapes or K1_SHAPES for k in w4a16_tuner_keys(1, N, K, G, torch.bfloat16)}
+    failed = {str(key[1:]): why for key, why in FAILED.items() if key[0] in names}
+    if failed:
+        print("K1 configs that did not build:", json.dumps(failed, indent=1))
     return rows
 
 
@@ -270,66 +277,38 @@ def k4(bw):
     return rows
 
 
-def verdict(r):
-    ok = True
-    if r["target_floor"] is not None:
-        ok &= r["ratio_to_floor"] >= r["target_floor"]
-    if r["target_peer"] is not None:
-        ok &= r["ratio_to_peer"] >= r["target_peer"]
-    return "ok" if ok else "MISS"
-
-
-def fmt(v):
-    return "-" if v is None else f"{v:.2f}"
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
     ap.add_argument("--only", default="K1,K2,K3,K4")
-    ap.add_argument("--ms", default="1,8,16,32,64,128,256,1024,4096")
+    ap.add_argument("--ms", default="1,8,16,32,64,128,256,1024,4096", help="K1's token counts")
     ap.add_argument("--shapes", default=None, help="K1's layers as KxN,KxN (default: all four)")
-    ap.add_argument("--skip-ckpt", action="store_true", help="K1 without the checkpoint layout's kernel")
     ap.add_argument("--skip-int4-peers", action="store_true", help="K1 with cuBLAS as its only peer")
-    ap.add_argument("--stripe", type=int, default=None,
-                    help="K1's kpack stripe width (default llm_kernels.awq_kpack.STRIPE; 0: unstriped)")
     args = ap.parse_args()
-    global GEN, PARTIAL
+    global GEN
     GEN = torch.Generator(device="cuda").manual_seed(1234)
-    PARTIAL = args.out + ".partial"
     bw, peak = ceilings()
-    if args.stripe is not None:
-        from llm_kernels import awq_kpack
-        awq_kpack.STRIPE = args.stripe or 1 << 30
+    ceiling = {"copy_GBps": bw / 1e9, "bf16_TFLOPs": peak / 1e12}
+
+    def save(rows):
+        record.save([{**r, **ceiling} for r in rows], args.out)
+
     rows = []
     only = args.only.split(",")
     if "K1" in only:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else None
-        rows += k1(bw, peak, [int(m) for m in args.ms.split(",")], shapes, not args.skip_ckpt, not args.skip_int4_peers)
-    if "K2" in only:
-        rows += k2(bw)
-    if "K3" in only:
-        rows += k3(peak)
-    if "K4" in only:
-        rows += k4(bw)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_GBps": bw / 1e9, "bf16_matmul_TFLOPs": peak / 1e12, "rows": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"\ncopy {bw / 1e9:.0f} GB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s ({result['device']})")
-    print(f"{'id':3} {'case':28} {'us':>9} {'floor':>6} {'tgt':>5} {'peer':>6} {'tgt':>5}  verdict")
-    for r in rows:
-        if r.get("config"):
-            print(f"    {r['case']}: {r['config']}")
+        rows += k1(bw, peak, [int(m) for m in args.ms.split(",")], shapes, not args.skip_int4_peers, save)
+    for rid, fn, arg in (("K2", k2, bw), ("K3", k3, peak), ("K4", k4, bw)):
+        if rid in only:
+            rows += fn(arg)
+            save(rows)
+    print(f"\ncopy {bw / 1e9:.0f} GB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s ({record.device()}); wrote {args.out}")
     for r in rows:
         if r["id"] == "K1":
-            print(f"    {r['case']}: ours {r['time_us']:.1f} us; " + ", ".join(
+            print(f"    {r['case']}: ours {r['time_us']:.1f} us ({r['config']}); " + ", ".join(
                 f"{p} {r[p + '_us']:.1f}" if p + "_us" in r else f"{p} ({r.get(p + '_error')})"
                 for p in ("cublas", "tinygemm", "gemlite")))
-    for r in rows:
-        print(f"{r['id']:3} {r['case']:28} {r['time_us']:9.1f} {fmt(r['ratio_to_floor']):>6} "
-              f"{fmt(r['target_floor']):>5} {fmt(r['ratio_to_peer']):>6} {fmt(r['target_peer']):>5}  {verdict(r)}")
+    print(record.table(rows, 28))
 
 
 if __name__ == "__main__":

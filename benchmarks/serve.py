@@ -1,17 +1,18 @@
-"""End-to-end serving benchmark on one GPU (BENCHMARKS.md E1-E3): random
-weights of real shapes made on the GPU, closed-loop clients, our engine
-against transformers `generate` side by side.
+"""End-to-end serving on one GPU (benchmarks/README.md E1, E1-fmt, E2, E3): random weights of real
+shapes made on the GPU, closed-loop clients, our engine against transformers `generate` side by
+side, every figure a ratio to the workload's floor or to a peer measured in the same run.
 
-    python benchmarks/serve.py [--workloads E1 E2 E3] [--requests-per-client 2] [--out serve.json]
+    python3 benchmarks/serve.py [--workloads E1 E2 E3] [--e1-weights awq fp8 bf16] [--out PATH]
 
 E1: Qwen2.5-7B-AWQ shapes at concurrency 10 and 50, peer HF bf16 static batch.
+E1-fmt: E1 in each weight format of --e1-weights (when it names more than AWQ), peer the bf16
+    row of the same run.
 E2: Llama-3-70B-AWQ shapes at concurrency 50 (no peer).
-E4: Qwen3-30B-A3B-AWQ shapes (mixture of experts) at concurrency 10 and 50, peer HF bf16
-    static batch (benchmarks/moe_serve.py: its shapes, floor and peer).
 E3: 768-token sequences in a 20 GB KV budget, our block manager vs reserving
     max_model_len=4096 per sequence (host only, no GPU needed).
-Also a step profile at each concurrency: where the host time of a decode step
-goes, against the GPU time of the same step (graph replay timed alone).
+Each E1 row carries a step profile: where the host time of a decode step goes, against the GPU
+time of the same step (benchmarks/tools/step_profile.py). E4 (mixture of experts) is
+benchmarks/moe.py, the FP8 KV cache's E1-kv benchmarks/kv.py.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks import step_profile  # noqa: E402 - after the repository root is on the path
+from benchmarks import record  # noqa: E402 - after the repository root is on the path
+from benchmarks.tools import step_profile  # noqa: E402
 
 QWEN25_7B = dict(arch="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                  num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
@@ -58,12 +60,12 @@ def model_dir(shapes: dict, awq_group: int | str | None) -> str:
 
     from tests.models import make_tokenizer
 
-    from benchmarks import moe_serve
+    from benchmarks import moe
 
     path = tempfile.mkdtemp(prefix="serve-model-")
     kw = {k: v for k, v in shapes.items() if k != "arch"}
     if shapes["arch"] == "qwen3_moe":
-        cfg = moe_serve.config(shapes)
+        cfg = moe.config(shapes)
     else:
         cfg = Qwen2Config(**kw) if shapes["arch"] == "qwen2" else LlamaConfig(**kw)
         cfg.architectures = ["Qwen2ForCausalLM" if shapes["arch"] == "qwen2" else "LlamaForCausalLM"]
@@ -146,15 +148,15 @@ async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int
             "kv_blocks_used_max": max(kv_used or [0])}
 
 
-def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak):
+def floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak, kv_element_bytes=2):
     """Sum over steps of max(bytes / bandwidth, FLOPs / peak): decode steps read all
     weights plus the running KV; prefill costs 2 x params FLOPs per token."""
     if shapes["arch"] == "qwen3_moe":
-        from benchmarks import moe_serve
+        from benchmarks import moe
 
-        return moe_serve.floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak)
+        return moe.floor_seconds(shapes, awq_group, n_requests, concurrency, prompt_len, out_len, bw, peak)
     w = weight_bytes(shapes, awq_group)
-    kvt = kv_bytes_per_token(shapes)
+    kvt = kv_bytes_per_token(shapes, kv_element_bytes)
     params = linear_params(shapes) + shapes["vocab_size"] * shapes["hidden_size"]
     waves = n_requests / concurrency
     decode = 0.0
@@ -184,10 +186,10 @@ def hf_peer(shapes, batch, prompt_len, out_len):
     batch `generate`: output tok/s."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from benchmarks import moe_serve
+    from benchmarks import moe
 
     if shapes["arch"] == "qwen3_moe":
-        cfg = moe_serve.config(shapes)
+        cfg = moe.config(shapes)
     else:
         cfg = Qwen2Config(**{k: v for k, v in shapes.items() if k != "arch"})
     with torch.device("cuda"):
@@ -229,7 +231,8 @@ def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_
         torch.cuda.reset_peak_memory_stats()
         res = asyncio.run(closed_loop(engine, c, per_client, prompt_len, out_len, shapes["vocab_size"]))
         n = c * per_client
-        floor = floor_seconds(shapes, weights, n, c, prompt_len, out_len, bw, peak)
+        floor = floor_seconds(shapes, weights, n, c, prompt_len, out_len, bw, peak,
+                              kv_element_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)
         free, total = torch.cuda.mem_get_info()
         res.update(concurrency=c, requests=n, floor_s=floor, peak_gpu_alloc_gib=torch.cuda.max_memory_allocated() / 2**30,
                    gpu_memory_fraction=(total - free) / total, kv_blocks_total=st["kv_blocks_total"],
@@ -279,139 +282,115 @@ def e3_rows(shapes=QWEN25_7B, budget_bytes=20e9, seq_len=768, reserve_len=4096, 
             "waste_blocks_per_sequence": waste_blocks, "kv_blocks": blocks}
 
 
-def e4_rows(args, bw, peak, table, raw):
-    """E4: Qwen3-30B-A3B-AWQ at the concurrencies asked, the HF bf16 peer first."""
-    from benchmarks import moe_serve
+def e1_row(rid: str, r: dict, case: str, peer_tok_s, target_floor, target_peer) -> dict:
+    """A result row of one E1 run at one concurrency (run_engine_workload's dict r)."""
+    return {"id": rid, "case": case, "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": target_floor,
+            "ratio_to_peer": round(r["tok_s"] / peer_tok_s, 3) if peer_tok_s else None, "target_peer": target_peer,
+            **{k: v for k, v in r.items() if k not in ("ratio_to_floor", "peer_tok_s")}, "peer_tok_s": peer_tok_s}
 
-    shapes = moe_serve.QWEN3_30B_A3B
+
+# E1-fmt's targets by format and concurrency: (of the floor, x the bf16 row of the same run)
+FMT_TARGETS = {("awq", 10): (None, 1.8), ("awq", 50): (None, 1.05), ("fp8", 10): (None, 1.35),
+               ("fp8", 50): (None, 1.15), ("bf16", 10): (0.75, None), ("bf16", 50): (0.80, None)}
+FMT_NAMES = {"awq": "AWQ", "fp8": "FP8", "bf16": "bf16"}
+
+
+def e1_rows(args, bw, peak) -> list[dict]:
+    """E1's runs: the HF peer first, then each weight format, then the variants asked for."""
     peers = {}
-    for c in args.concurrency:
-        peers[c] = None if args.skip_peer else hf_peer(shapes, c, args.prompt_len, args.output_len)
-        print(f"E4 peer c={c}: {peers[c]} tok/s", flush=True)
-    raw["E4"] = run_engine_workload("E4", shapes, args.concurrency, args.e4_requests_per_client, args.prompt_len,
-                                    args.output_len, bw, peak, peers)
-    for r in raw["E4"]:
-        table.append({"id": "E4", "case": f"Qwen3-30B-A3B-AWQ c={r['concurrency']} n={r['requests']}",
-                      "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": None,  # none set yet
-                      "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
-                      "target_peer": None, **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
+    if "awq" in args.e1_weights:
+        for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
+            peers[c] = None if args.skip_peer else hf_peer(QWEN25_7B, c, args.prompt_len, args.output_len)
+            print(f"peer c={c}: {peers[c]} tok/s", flush=True)
+    runs = {w: run_engine_workload(f"E1-{w}", QWEN25_7B, args.concurrency, args.requests_per_client,
+                                   args.prompt_len, args.output_len, bw, peak, peers, weights=WEIGHTS[w])
+            for w in args.e1_weights}
+    variants = []
+    if "awq" in runs and args.sync_too:
+        variants.append(("synchronous steps", run_engine_workload(
+            "E1-sync", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len, args.output_len, bw,
+            peak, peers, async_scheduling=False)))
+    if "awq" in runs and args.eager_too:
+        variants.append(("eager", run_engine_workload(
+            "E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len, args.output_len, bw,
+            peak, peers, eager=True, profile=False)))
+    rows = []
+    for suffix, rs in [("", runs.get("awq", []))] + [(" " + v, rs) for v, rs in variants]:
+        for r in rs:
+            c = r["concurrency"]
+            rows.append(e1_row("E1", r, f"Qwen2.5-7B-AWQ c={c}{suffix}", peers.get(c), 0.65, 11 if c == 50 else 25))
+    if len(runs) > 1:
+        bf16 = {r["concurrency"]: r["tok_s"] for r in runs.get("bf16", [])}
+        for w, rs in runs.items():
+            for r in rs:
+                c = r["concurrency"]
+                tf, tp = FMT_TARGETS.get((w, c), (None, None))
+                rows.append(e1_row("E1-fmt", r, f"Qwen2.5-7B-{FMT_NAMES[w]} c={c}",
+                                   None if w == "bf16" else bf16.get(c), tf, tp) | {"weights": w})
+    return rows
 
 
-def save(path, bw, peak, table):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"copy_bw": bw, "bf16_peak": peak, "rows": table}, f, indent=2)
+def e2_rows(args, bw, peak) -> list[dict]:
+    rows = []
+    for r in run_engine_workload("E2", LLAMA3_70B, [50], args.e2_requests_per_client, args.prompt_len,
+                                 args.output_len, bw, peak, {}):
+        rows.append(e1_row("E2", r, "Llama-3-70B-AWQ c=50", None, 0.6, None))
+    return rows
 
 
-def e1_rows(args, bw, peak, table, raw):
-    """E1's runs (the HF peer first, then AWQ and each other weight format, FP8 KV, eager) into table."""
-    peers = {}
-    for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
-        peers[c] = None if args.skip_peer else hf_peer(QWEN25_7B, c, args.prompt_len, args.output_len)
-        print(f"peer c={c}: {peers[c]} tok/s", flush=True)
-    raw["E1"] = run_engine_workload("E1", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len,
-                                    args.output_len, bw, peak, peers)
-    for w in [w for w in args.e1_weights if w != "awq"]:
-        raw[f"E1-{w}"] = run_engine_workload(f"E1-{w}", QWEN25_7B, args.concurrency, args.requests_per_client,
-                                             args.prompt_len, args.output_len, bw, peak, peers, weights=WEIGHTS[w])
-    if args.fp8_kv_too:
-        raw["E1-fp8kv"] = run_engine_workload("E1-fp8kv", QWEN25_7B, args.concurrency, args.requests_per_client,
-                                              args.prompt_len, args.output_len, bw, peak, peers,
-                                              kv_cache_dtype="fp8")
-    for mode in ([] if args.awq_mma_too is None else args.awq_mma_too or ["1"]):
-        os.environ["LLM_KERNELS_AWQ_MMA"] = mode  # the engine's layers take it at load (awq_prepare)
-        try:
-            raw[f"E1-mma-{mode}"] = run_engine_workload(f"E1-mma-{mode}", QWEN25_7B, args.concurrency,
-                                                        args.requests_per_client, args.prompt_len, args.output_len,
-                                                        bw, peak, peers)
-        finally:
-            os.environ.pop("LLM_KERNELS_AWQ_MMA")
-    if args.sync_too:
-        raw["E1-sync"] = run_engine_workload("E1-sync", QWEN25_7B, args.concurrency, args.requests_per_client,
-                                             args.prompt_len, args.output_len, bw, peak, peers, async_scheduling=False)
-    if args.eager_too:
-        raw["E1-eager"] = run_engine_workload("E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client,
-                                              args.prompt_len, args.output_len, bw, peak, peers, eager=True,
-                                              profile=False)
-    for key in [k for k in ("E1", "E1-mma-1", "E1-mma-small", "E1-sync", "E1-fp8", "E1-bf16", "E1-fp8kv", "E1-eager")
-                if k in raw]:
-        fmt = {"E1-fp8": "FP8", "E1-bf16": "bf16"}.get(key, "AWQ")
-        for r in raw[key]:
-            table.append({"id": "E1", "case": f"Qwen2.5-7B-{fmt} c={r['concurrency']} n={r['requests']}"
-                          + (" eager" if r["eager"] else "") + (" fp8 KV" if key == "E1-fp8kv" else "")
-                          + (" synchronous steps" if key == "E1-sync" else "")
-                          + (f" LLM_KERNELS_AWQ_MMA={key[7:]}" if key.startswith("E1-mma-") else ""),
-                          "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.65,
-                          "ratio_to_peer": round(r["tok_s"] / r["peer_tok_s"], 2) if r["peer_tok_s"] else None,
-                          "target_peer": 11 if r["concurrency"] == 50 else 25,
-                          **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", nargs="+", default=["E1", "E2", "E3"])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[10, 50])
-    ap.add_argument("--requests-per-client", type=int, default=2)
-    ap.add_argument("--e2-requests-per-client", type=int, default=1)
-    ap.add_argument("--e4-requests-per-client", type=int, default=1)
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--skip-peer", action="store_true")
-    ap.add_argument("--sync-too", action="store_true",
-                    help="also run E1 with async_scheduling off (every step waits for its samples)")
-    ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
-    ap.add_argument("--fp8-kv-too", action="store_true", help="also run E1 with kv_cache_dtype=fp8")
-    ap.add_argument("--awq-mma-too", nargs="*", choices=["1", "small", "all"], default=None, metavar="MODE",
-                    help="also run E1 with LLM_KERNELS_AWQ_MMA set to each MODE (default 1): 1 keeps "
-                         "llm_kernels/awq_mma.py's layout beside kpack, small keeps it alone on the small layers, "
-                         "all on every bf16 layer")
-    ap.add_argument("--e1-weights", nargs="+", default=["awq"], choices=list(WEIGHTS),
-                    help="E1's weight formats, each its own run (awq always runs)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))
-    args = ap.parse_args()
-    table, raw = [], {}
-    if "E3" in args.workloads:
-        table.append(e3_rows())
-        table.append(e3_rows(element_bytes=1))  # the FP8 cache, against the same 16-bit reservation
-        table[-1]["target_peer"] = 10.0  # twice the 16-bit paged target
-        print(json.dumps(table[-2]), json.dumps(table[-1]), flush=True)
-    bw = peak = None
-    if {"E1", "E2", "E4"} & set(args.workloads):
-        bw, peak = measure_ceilings()
-        print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s", flush=True)
-    if "E1" in args.workloads:
-        e1_rows(args, bw, peak, table, raw)
-        save(args.out, bw, peak, table)  # what is done so far survives a later failure
-    if "E4" in args.workloads:
-        e4_rows(args, bw, peak, table, raw)
-        save(args.out, bw, peak, table)
-    if "E2" in args.workloads:
-        raw["E2"] = run_engine_workload("E2", LLAMA3_70B, [50], args.e2_requests_per_client, args.prompt_len,
-                                        args.output_len, bw, peak, {})
-        for r in raw["E2"]:
-            table.append({"id": "E2", "case": f"Llama-3-70B-AWQ c=50 n={r['requests']}",
-                          "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": 0.5,
-                          "ratio_to_peer": None, "target_peer": None,
-                          **{k: v for k, v in r.items() if k != "ratio_to_floor"}})
-    save(args.out, bw, peak, table)
-    if bw:
-        print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s")
-    print(f"{'id':3} {'case':40} {'tok/s':>7} {'x peer':>7} {'floor':>6} {'ttft50/99':>11} {'tpot50/99 ms':>13} "
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'id':7} {'case':36} {'tok/s':>7} {'x peer':>7} {'floor':>6} {'ttft50/99':>11} {'tpot50/99 ms':>13} "
           f"{'mem':>5} {'kvmax':>6} {'gap ms':>7}")
-    for r in table:
+    for r in rows:
         if r["id"] == "E3":
-            print(f"E3  {r['case']:40} paged {r['paged_sequences']} vs reserved {r['reserved_sequences']}: "
-                  f"{r['ratio_to_peer']}x (target {r['target_peer']:g}x), waste {r['waste_blocks_per_sequence']:.2f} blocks/seq")
+            print(f"E3      {r['case']:36} paged {r['paged_sequences']} vs reserved {r['reserved_sequences']}: "
+                  f"{r['ratio_to_peer']}x (target {r['target_peer']:g}x), waste {r['waste_blocks_per_sequence']:.2f} "
+                  "blocks/seq")
             continue
         prof = r.get("step_profile") or {}
         gap = prof.get("host_gap_s")
-        print(f"{r['id']:3} {r['case']:40} {r['tok_s']:7.0f} {r['ratio_to_peer'] or 0:7.2f} {r['ratio_to_floor']:6.3f} "
+        print(f"{r['id']:7} {r['case']:36} {r['tok_s']:7.0f} {r['ratio_to_peer'] or 0:7.2f} {r['ratio_to_floor']:6.3f} "
               f"{r['ttft_p50']:5.2f}/{r['ttft_p99']:5.2f} {r['tpot_p50'] * 1e3:6.1f}/{r['tpot_p99'] * 1e3:6.1f} "
               f"{r['gpu_memory_fraction']:5.2f} {r['kv_blocks_used_max']:6d} "
               f"{gap * 1e3 if gap is not None else float('nan'):7.2f}")
         if prof:
             print("    step profile: " + ", ".join(f"{k} {v * 1e3:.2f}ms" for k, v in prof.items()
                                                    if k.endswith("_s") and v is not None))
+    print(record.table(rows, 36))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=["E1", "E2", "E3"], choices=["E1", "E2", "E3"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[10, 50])
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--e2-requests-per-client", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--skip-peer", action="store_true", help="E1 without the HF peer (its rows' ratio_to_peer null)")
+    ap.add_argument("--sync-too", action="store_true",
+                    help="also run E1 with async_scheduling off (every step waits for its samples)")
+    ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
+    ap.add_argument("--e1-weights", nargs="+", default=["awq"], choices=list(WEIGHTS),
+                    help="E1's weight formats, each its own engine; E1's rows come from awq, E1-fmt's from all "
+                         "when there are several (the bf16 run is their peer)")
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
+    args = ap.parse_args()
+    rows = []
+    if "E3" in args.workloads:
+        rows += [e3_rows(), e3_rows(element_bytes=1) | {"target_peer": 10.0}]  # FP8 cache: twice the 16-bit target
+        record.save(rows, args.out)
+    bw = peak = None
+    if {"E1", "E2"} & set(args.workloads):
+        bw, peak = measure_ceilings()
+        print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s", flush=True)
+    ceiling = {} if bw is None else {"copy_GBps": bw / 1e9, "bf16_TFLOPs": peak / 1e12}
+    for wid, fn in (("E1", e1_rows), ("E2", e2_rows)):
+        if wid in args.workloads:
+            rows += [r | ceiling for r in fn(args, bw, peak)]
+            record.save(rows, args.out)  # what is done so far survives a later failure
+    print_rows(rows)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""S5: the engine's cost of structured output, against unconstrained decoding in the same
+"""G5 (benchmarks/README.md): the engine's cost of structured output, against unconstrained decoding in the same
 run: batch 32 (closed loop: a finished request is replaced at once), 128-token prompts,
 greedy, max_tokens 128, ignore_eos off.
 
@@ -29,11 +29,11 @@ sense. --tokenizer PATH pairs another tokenizer with the model (on CUDA the defa
 .whl/structured/smollm2-tokenizer when present: a real 49k vocabulary instead of the
 test tokenizer's few hundred).
 
-llguidance on a machine without it: `python benchmarks/structured_vendor.py` here puts it
+llguidance on a machine without it: `python benchmarks/tools/structured_vendor.py` here puts it
 (and the SmolLM2 tokenizer) under .whl/structured/ (git-ignored, ~12 MB); carry that path
 and this script puts .whl/structured/site on sys.path.
 
-    python benchmarks/structured.py [--quick] [--model PATH] [--tokenizer PATH] [--out ...]
+    python3 benchmarks/structured.py [--quick] [--model PATH] [--tokenizer PATH] [--out PATH]
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ if os.path.isdir(os.path.join(VENDOR, "site")):
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+
+from benchmarks import record  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -170,7 +172,7 @@ def parse_args():
     ap.add_argument("--repeats", type=int, help="runs of each mode, taking turns (default 3, quick 1)")
     ap.add_argument("--quick", action="store_true", help="a smoke: one wave of requests, 32-token prompts, "
                     "one run of each mode")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "structured.json"))
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
     args = ap.parse_args()
     args.prompt_len = args.prompt_len or (32 if args.quick else 128)
     args.max_tokens = args.max_tokens or 128
@@ -236,17 +238,15 @@ def main():
         modes[mode] = med
     modes["json"].update(finish_stop=sum(r[1] == "stop" for r in res_json),
                          mean_output_tokens=statistics.fmean(lengths), json_valid_first_run=first["json_valid"])
-    meta = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-            "model": what, "tokenizer": tok_path or "the model's", "tokenizer_vocab": tok_vocab,
-            "model_vocab": eng.input_processor.vocab_size, "batch": args.batch, "prompt_len": args.prompt_len,
-            "max_tokens": args.max_tokens, "requests_per_mode": n, "repeats": repeats, "quick": args.quick,
-            "structured_outputs": STRUCTURED, "load_s": load_s, "llguidance": version,
-            "llguidance_from": os.path.dirname(llguidance.__file__)}
+    meta = {"model": what, "tokenizer_vocab": tok_vocab, "model_vocab": eng.input_processor.vocab_size,
+            "batch": args.batch, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+            "requests_per_mode": n, "repeats": repeats, "quick": args.quick, "load_s": round(load_s, 1),
+            "llguidance": version}
     report(modes, meta, args)
 
 
 def report(modes: dict, meta: dict, args) -> None:
-    """S5 rows (each mode against the unconstrained peer) to args.out, and a table."""
+    """G5 rows (each mode against the unconstrained peer) into args.out, and a table."""
     peer = modes["none"]
     cases = {"json": f"every request JSON-schema constrained, batch {args.batch}",
              "half": f"half the requests constrained, batch {args.batch}",
@@ -254,15 +254,13 @@ def report(modes: dict, meta: dict, args) -> None:
              "none-128": f"unconstrained, max_tokens {args.max_tokens}, batch {args.batch}"}
     rows = []
     for mode, r in modes.items():
-        rows.append({"id": "S5", "case": cases[mode], "ratio_to_floor": None, "target_floor": None,
+        rows.append({"id": "G5", "case": cases[mode], "ratio_to_floor": None, "target_floor": None,
                      "ratio_to_peer": r["tok_s"] / peer["tok_s"] if mode in ("json", "half") else None,
                      "target_peer": 0.95 if mode in ("json", "half") else None, "mode": mode,
                      "decode_step_ratio_to_peer": (peer["decode_step_ms"] / r["decode_step_ms"]
                                                    if r["decode_step_ms"] and peer["decode_step_ms"] else None),
-                     **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({**meta, "rows": rows}, f, indent=1)
+                     **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}, **meta})
+    record.save(rows, args.out)
     print(f"\n{'id':3} {'case':60} {'tok/s':>9} {'x peer':>7} {'target':>6} {'step ms':>8} {'fill ms':>8} "
           f"{'add ms':>7} {'json ok':>8}")
     for r in rows:

@@ -1,10 +1,10 @@
-"""S1-S4: the grammar engines for structured output side by side, on the CPU: llguidance
+"""G1-G4 (benchmarks/README.md): the grammar engines for structured output side by side, on the CPU: llguidance
 (what engine/structured/ uses), xgrammar and outlines-core, each through a small adapter
 (compile a spec; make a per-sequence matcher; fill a batch's int32 bitmask; advance by a
 token), against one tokenizer (the embedded default model's, SmolLM2-135M, 49,152 tokens;
 or the tests' tiny BPE one).
 
-S1  per-token overhead at batch 32: 32 sequences, each constrained by a JSON schema
+G1  per-token overhead at batch 32: 32 sequences, each constrained by a JSON schema
     (flat, nested + arrays, $ref + anyOf, and the three mixed), each walking the tokens
     of real valid documents (the same token path for every backend; a sequence whose
     document ends starts the next one with a fresh matcher). Timed per step: the 32 masks
@@ -12,20 +12,23 @@ S1  per-token overhead at batch 32: 32 sequences, each constrained by a JSON sch
     a loop over Guide.write_mask_into) plus the advance by the 32 tokens (llguidance
     consume_token_par, xgrammar batch_accept_token, outlines-core Guide.advance). Every
     mask is checked to allow the document's next token (outside the timing).
-S2  compile time per schema: the first compile (a cold compiler), a cached one where the
+G2  compile time per schema: the first compile (a cold compiler), a cached one where the
     library caches, making one matcher, and the first mask of a fresh matcher.
-S3  JSON Schema coverage: ~30 features, each a small schema with a valid and a violating
+G3  JSON Schema coverage: ~30 features, each a small schema with a valid and a violating
     document, walked token by token: enforced (valid accepted, violating rejected),
     ignored (both accepted), refused (does not compile) or wrong (valid rejected).
-S4  regex, choice and a context-free grammar (Lark, GBNF/EBNF) in each.
+G4  regex, choice and a context-free grammar (Lark, GBNF/EBNF) in each.
 
 Settings: the JSON grammars allow the same whitespace, at most 64 characters between
 tokens (llguidance with a bound like engine/structured/grammar.py's; xgrammar
 any_whitespace with max_whitespace_cnt=64; outlines-core whitespace_pattern
 [ \\t\\n\\r]{0,64}); documents are json.dumps' default layout (", " and ": ").
 
-    PYTHONPATH=/tmp/gpkgs python benchmarks/structured_backends.py [--tokenizer default|tiny|PATH]
-        [--quick] [--threads N] [--out benchmarks/results/structured_backends.json]
+    python3 benchmarks/structured_backends.py [--tokenizer default|tiny|PATH] [--quick] [--threads N]
+        [--backends llguidance,xgrammar,outlines-core] [--out PATH]
+
+xgrammar and outlines-core are not the product's dependencies: install them beside it to
+compare.
 
 Rows: ratio_to_peer = the best other backend's time over this backend's (above 1: this
 one is faster than every other), or for coverage this backend's count over the best
@@ -38,7 +41,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -52,7 +54,8 @@ sys.path.insert(0, ROOT)
 BATCH = 32
 BACKENDS = ("llguidance", "xgrammar", "outlines-core")
 
-from benchmarks.structured_adapters import ADAPTERS, DISTRIBUTIONS, WS_MAX, WS_REGEX, Unsupported, load_tokenizer  # noqa: E402
+from benchmarks import record  # noqa: E402
+from benchmarks.structured_adapters import ADAPTERS, DISTRIBUTIONS, WS_REGEX, Unsupported, load_tokenizer  # noqa: E402
 from benchmarks.structured_cases import FEATURES, OTHER_SPECS, SCHEMAS, make_doc  # noqa: E402
 
 
@@ -79,7 +82,7 @@ def allows(buf_np, row, token) -> bool:
 
 
 def batch_walk(backend, compiled_by_kind, streams, slot_kinds, steps, vocab_size):
-    """S1: `steps` steps of BATCH sequences. streams[kind] is a list of token lists (valid
+    """G1: `steps` steps of BATCH sequences. streams[kind] is a list of token lists (valid
     documents + EOS); slot i walks documents of slot_kinds[i] in turn. Returns timings."""
     words = -(-vocab_size // 32)
     buf = torch.zeros(BATCH, words, dtype=torch.int32)
@@ -148,7 +151,7 @@ def pct(xs, q):
 # The measurements
 # --------------------------------------------------------------------------- #
 
-def s1(backends, compiled, tok, eos, vocab_size, steps, rounds, schema_names, threads_list):
+def g1(backends, compiled, tok, eos, vocab_size, steps, rounds, schema_names, threads_list):
     rows = []
     for n in threads_list:
         for b in backends.values():
@@ -192,7 +195,7 @@ def _s1(backends, compiled, tok, eos, vocab_size, steps, rounds, schema_names, t
                  **{k: sum(r[k] for r in rs) for k in ("documents_completed", "mask_banned_the_document_token",
                                                        "tokens_rejected", "incomplete_at_eos")}}
             results[(name, run)] = r
-            print(f"S1 t={threads:<2} {name:14} {run:7} {r['us_per_step']:9.1f} us/step  p99 {r['p99_us']:9.1f}  "
+            print(f"G1 t={threads:<2} {name:14} {run:7} {r['us_per_step']:9.1f} us/step  p99 {r['p99_us']:9.1f}  "
                   f"{r['us_per_token']:7.2f} us/token  (fill {r['fill_us']:.1f}, advance {r['advance_us']:.1f}; "
                   f"cpu {r['cpu_us_per_step']:.0f} us; matcher {r['matcher_us']:.1f} us; "
                   f"docs {r['documents_completed']}, banned "
@@ -203,7 +206,7 @@ def _s1(backends, compiled, tok, eos, vocab_size, steps, rounds, schema_names, t
         best = min(others) if others else None
         llg = results.get(("llguidance", run))
         kinds = schema_names if run == "mixed" else [run]
-        rows.append({"id": "S1", "case": f"{name} json {run} batch{BATCH} threads={threads} us/token",
+        rows.append({"id": "G1", "case": f"{name} json {run} batch{BATCH} threads={threads} us/token",
                      "ratio_to_floor": None, "target_floor": None,
                      "ratio_to_peer": best / r["us_per_step"] if best else None, "target_peer": None,
                      "backend": name, "schema": run, "batch": BATCH,
@@ -213,8 +216,8 @@ def _s1(backends, compiled, tok, eos, vocab_size, steps, rounds, schema_names, t
     return rows
 
 
-def s2(backends, schema_names, vocab_size, alt_whitespace=True):
-    """Compile times; returns the rows and the compiled grammars (for S1)."""
+def g2(backends, schema_names, vocab_size, alt_whitespace=True):
+    """Compile times; returns the rows and the compiled grammars (for G1)."""
     compiled = {}
     words = -(-vocab_size // 32)
     buf = torch.zeros(1, words, dtype=torch.int32)
@@ -247,14 +250,14 @@ def s2(backends, schema_names, vocab_size, alt_whitespace=True):
                 m.deep_copy()
                 extra["deep_copy_us"] = round(1e6 * (time.perf_counter() - t), 1)
             times[(b.name, k)] = dict(first=first, cached=cached, matcher=matcher, first_mask=first_mask, **extra)
-            print(f"S2 {b.name:14} {k:7} compile {1e3 * first:9.2f} ms  cached "
+            print(f"G2 {b.name:14} {k:7} compile {1e3 * first:9.2f} ms  cached "
                   f"{'-' if cached is None else f'{1e3 * cached:.3f} ms':>10}  matcher {1e6 * matcher:8.1f} us  "
                   f"first mask {1e6 * first_mask:8.1f} us {extra or ''}", flush=True)
     rows = []
     for (name, k), v in times.items():
         ready = v["first"] + v["matcher"] + v["first_mask"]
         others = [o["first"] + o["matcher"] + o["first_mask"] for (n, kk), o in times.items() if kk == k and n != name]
-        rows.append({"id": "S2", "case": f"{name} compile {k} (to the first mask)", "ratio_to_floor": None,
+        rows.append({"id": "G2", "case": f"{name} compile {k} (to the first mask)", "ratio_to_floor": None,
                      "target_floor": None, "ratio_to_peer": min(others) / ready if others else None,
                      "target_peer": None, "backend": name, "schema": k,
                      "to_first_mask_ms": round(1e3 * ready, 3), "compile_ms": round(1e3 * v["first"], 3),
@@ -276,7 +279,7 @@ def _verdict(b, kind, spec, valid_tokens, invalid_tokens):
     return ("ignored", "accepts the violating document") if ok_invalid else ("enforced", "")
 
 
-def s3_s4(backends, tok, eos):
+def g3_g4(backends, tok, eos):
     table, rows = {}, []
     for fname, schema, good, bad in FEATURES:
         vt = encode(tok, json.dumps(good, ensure_ascii=False), eos)
@@ -289,16 +292,16 @@ def s3_s4(backends, tok, eos):
         for b in backends.values():
             other[(b.name, name)] = _verdict(b, kind, spec, vt, it)
     names = [b.name for b in backends.values()]
-    print(f"\nS3 {'feature':30}" + "".join(f"{n:>15}" for n in names))
+    print(f"\nG3 {'feature':30}" + "".join(f"{n:>15}" for n in names))
     for fname, *_ in FEATURES:
         print(f"   {fname:30}" + "".join(f"{table[(n, fname)][0]:>15}" for n in names))
     for name, *_ in OTHER_SPECS:
-        print(f"S4 {name:30}" + "".join(f"{other[(n, name)][0]:>15}" for n in names))
+        print(f"G4 {name:30}" + "".join(f"{other[(n, name)][0]:>15}" for n in names))
     counts = {n: {v: sum(1 for (nn, _), (vv, _) in table.items() if nn == n and vv == v)
                   for v in ("enforced", "ignored", "refused", "wrong")} for n in names}
     for n in names:
         best = max((counts[o]["enforced"] for o in names if o != n), default=None)
-        rows.append({"id": "S3", "case": f"{n} JSON Schema features enforced (of {len(FEATURES)})",
+        rows.append({"id": "G3", "case": f"{n} JSON Schema features enforced (of {len(FEATURES)})",
                      "ratio_to_floor": None, "target_floor": None,
                      "ratio_to_peer": counts[n]["enforced"] / best if best else None, "target_peer": None,
                      "backend": n, "features": len(FEATURES), **counts[n],
@@ -306,10 +309,10 @@ def s3_s4(backends, tok, eos):
                                                                          else {})} for f, *_ in FEATURES}})
         for name, *_ in OTHER_SPECS:
             v, note = other[(n, name)]
-            rows.append({"id": "S4", "case": f"{n} {name}", "ratio_to_floor": None, "target_floor": None,
+            rows.append({"id": "G4", "case": f"{n} {name}", "ratio_to_floor": None, "target_floor": None,
                          "ratio_to_peer": None, "target_peer": None, "backend": n, "verdict": v,
                          **({"note": note} if note else {})})
-    print("S3 enforced / ignored / refused / wrong: " + ", ".join(
+    print("G3 enforced / ignored / refused / wrong: " + ", ".join(
         f"{n} {c['enforced']}/{c['ignored']}/{c['refused']}/{c['wrong']}" for n, c in counts.items()))
     return rows
 
@@ -332,12 +335,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", default="default", help="default (SmolLM2-135M), tiny, or a tokenizer folder")
     ap.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
-    ap.add_argument("--steps", type=int, help="S1 steps per round (default 400, quick 60)")
-    ap.add_argument("--rounds", type=int, help="S1 rounds per run, the backends taking turns (default 3, quick 1)")
+    ap.add_argument("--steps", type=int, help="G1 steps per round (default 400, quick 60)")
+    ap.add_argument("--rounds", type=int, help="G1 rounds per run, the backends taking turns (default 3, quick 1)")
     ap.add_argument("--threads", default=f"1,{min(os.cpu_count() or 1, 16)}",
                     help="thread counts for the batched mask APIs (llguidance, xgrammar), comma-separated")
     ap.add_argument("--backends", default=",".join(BACKENDS))
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "structured_backends.json"))
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
     args = ap.parse_args()
     steps = args.steps or (60 if args.quick else 150)
     rounds = args.rounds or (1 if args.quick else 6)
@@ -364,48 +367,39 @@ def main():
         # quick uses outlines-core's own default whitespace ("[ ]?": what the documents use)
         backends["outlines-core"].whitespace = None
     t = time.perf_counter()
-    rows, compiled = s2(backends, schema_names, vocab_size, alt_whitespace=not args.quick)
-    print(f"S2 took {time.perf_counter() - t:.0f}s", flush=True)
+    rows, compiled = g2(backends, schema_names, vocab_size, alt_whitespace=not args.quick)
+    print(f"G2 took {time.perf_counter() - t:.0f}s", flush=True)
     t = time.perf_counter()
-    rows = s1(backends, compiled, tok, eos[0], vocab_size, steps, rounds, schema_names, threads_list) + rows
-    print(f"S1 took {time.perf_counter() - t:.0f}s", flush=True)
+    rows = g1(backends, compiled, tok, eos[0], vocab_size, steps, rounds, schema_names, threads_list) + rows
+    print(f"G1 took {time.perf_counter() - t:.0f}s", flush=True)
     if "outlines-core" in backends:  # coverage does not depend on it, and its own default builds faster
         backends["outlines-core"].whitespace = None
     t = time.perf_counter()
-    rows += s3_s4(backends, tok, eos[0])
-    print(f"S3/S4 took {time.perf_counter() - t:.0f}s", flush=True)
+    rows += g3_g4(backends, tok, eos[0])
+    print(f"G3/G4 took {time.perf_counter() - t:.0f}s", flush=True)
     for name in skipped:
-        rows.append({"id": "S1", "case": f"{name} not installed", "ratio_to_floor": None, "target_floor": None,
+        rows.append({"id": "G1", "case": f"{name} not installed", "ratio_to_floor": None, "target_floor": None,
                      "ratio_to_peer": None, "target_peer": None, "backend": name, "skipped": skipped[name]})
-    meta = {
-        "tokenizer": tok_name, "vocab_size": vocab_size, "threads": threads_list, "cpu_count": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "steps_per_round": steps, "rounds": rounds, "quick": args.quick,
-        "whitespace": f"at most {WS_MAX} between tokens" + (" (outlines-core: its default [ ]?)" if args.quick else
-                                                             " (outlines-core in S3/S4: its default [ ]?)"),
-        "backends": {n: {**wheel_info(n), "setup_ms": round(b.setup_s * 1e3, 1), "batch_fill": b.batch_fill,
-                         "batch_advance": b.batch_advance, "grammar_syntax": b.grammar_syntax,
-                         "library_cache": b.caches} for n, b in backends.items()},
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({**meta, "rows": rows}, f, indent=1, ensure_ascii=False)
+    run = {"tokenizer": tok_name, "vocab_size": vocab_size, "steps_per_round": steps, "rounds": rounds,
+           "quick": args.quick, "backends": {n: {**wheel_info(n), "setup_ms": round(b.setup_s * 1e3, 1),
+                                                  "batch_fill": b.batch_fill, "batch_advance": b.batch_advance}
+                                              for n, b in backends.items()}}
+    record.save([r | run for r in rows], args.out)
     print(f"\n{'id':3} {'case':62} {'us/step':>9} {'p99':>9} {'us/tok':>7} {'cpu us':>8} {'x best other':>12}")
     for r in rows:
-        if r["id"] == "S1" and "us_per_step" in r:
+        if r["id"] == "G1" and "us_per_step" in r:
             print(f"{r['id']:3} {r['case']:62} {r['us_per_step']:9.1f} {r['p99_us']:9.1f} {r['us_per_token']:7.2f} "
                   f"{r['cpu_us_per_step']:8.0f} {r['ratio_to_peer'] or 0:12.2f}")
     for r in rows:
-        if r["id"] == "S2":
+        if r["id"] == "G2":
             print(f"{r['id']:3} {r['case']:62} {r['to_first_mask_ms']:9.2f} ms to the first mask "
                   f"(compile {r['compile_ms']:.2f}, cached {r['cached_compile_ms']})  x best other "
                   f"{r['ratio_to_peer'] or 0:.2f}")
     for r in rows:
-        if r["id"] == "S3":
+        if r["id"] == "G3":
             print(f"{r['id']:3} {r['case']:62} {r['enforced']:3d} enforced, {r['ignored']} ignored, "
                   f"{r['refused']} refused, {r['wrong']} wrong")
-    print(f"wrote {args.out} ({meta['wall_s']}s)")
+    print(f"wrote {args.out} ({time.perf_counter() - t0:.0f}s)")
 
 
 if __name__ == "__main__":

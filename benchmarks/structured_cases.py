@@ -1,12 +1,12 @@
-"""The cases of benchmarks/structured_backends.py: S1's schemas and their documents, S3's JSON
-Schema features (a valid and a violating document each), S4's other grammar kinds."""
+"""The cases of benchmarks/structured_backends.py: G1's schemas and their documents, G3's JSON
+Schema features (a valid and a violating document each), G4's other grammar kinds."""
 from __future__ import annotations
 
 import random
 
 
 # --------------------------------------------------------------------------- #
-# S1 schemas and their documents
+# G1 schemas and their documents
 # --------------------------------------------------------------------------- #
 
 FIRST = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Fatima", "Giulia", "Hiro", "Ines", "José", "Kofi", "Lena"]
@@ -116,7 +116,7 @@ def make_doc(kind: str, rng: random.Random) -> dict:
 
 
 # --------------------------------------------------------------------------- #
-# S3 features: (name, schema, valid document, violating document)
+# G3 features: (name, schema, valid document, violating document)
 # --------------------------------------------------------------------------- #
 
 def _obj(props, required=None, **kw):
@@ -170,7 +170,7 @@ FEATURES = [
     ("not", {"type": "integer", "not": {"const": 3}}, 4, 3),
 ]
 
-# S4: (name, kind, spec per backend or one for all, valid text, violating text)
+# G4: (name, kind, spec per backend or one for all, valid text, violating text)
 LARK_ARITH = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[0-9]+/\n'
 GBNF_ARITH = 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"\n'
 OTHER_SPECS = [

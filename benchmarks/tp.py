@@ -1,9 +1,10 @@
-"""Tensor parallelism on the GPUs of one host: the E1 workload (Qwen2.5-7B-AWQ
-shapes, random weights, 512-token prompts, 256 output tokens, closed-loop
-clients) at tensor_parallel_size 1 and 2; prints output tok/s per size and
-the throughput ratio to size 1. Each size runs in its own process.
+"""E1-tp (benchmarks/README.md): tensor parallelism on the GPUs of one host. The E1 workload
+(Qwen2.5-7B-AWQ shapes, random weights, 512-token prompts, 256 output tokens, closed-loop
+clients) at tensor_parallel_size 1 and 2, each size in its own process; rows: output tok/s as a
+ratio to the workload's floor (t GPUs: t times the bandwidth and FLOP rate measured on one) and
+to tp=1 of the same run.
 
-    NCCL_NVLS_ENABLE=0 python benchmarks/tp.py [--tp 1 2] [--concurrency 10 50] [--requests 200] [--out tp.json]
+    NCCL_NVLS_ENABLE=0 python3 benchmarks/tp.py [--tp 1 2] [--concurrency 10 50] [--requests 200] [--out PATH]
 """
 from __future__ import annotations
 
@@ -13,31 +14,14 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-QWEN25_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                 num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
-                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+from benchmarks import record, serve  # noqa: E402 - after the repository root is on the path
 
-
-def model_dir() -> str:
-    """Config and tokenizer only: the weights come from load_format=dummy on each rank."""
-    from transformers import Qwen2Config
-
-    from tests.models import make_tokenizer
-
-    path = tempfile.mkdtemp(prefix="tp-model-")
-    cfg = Qwen2Config(**QWEN25_7B)
-    cfg.architectures = ["Qwen2ForCausalLM"]
-    cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
-                               "version": "gemm"}
-    cfg.save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
-    return path
+QWEN25_7B = serve.QWEN25_7B
 
 
 def closed_loop(engine, concurrency: int, requests: int, prompt_len: int, output_len: int, seed: int) -> dict:
@@ -71,14 +55,20 @@ def closed_loop(engine, concurrency: int, requests: int, prompt_len: int, output
 def single(tp: int, args) -> list[dict]:
     from engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(EngineConfig(model=model_dir(), load_format="dummy", tensor_parallel_size=tp,
-                                    max_model_len=2048, gpu_memory_utilization=0.9))
+    bw, peak = serve.measure_ceilings()  # one GPU's, before the engine takes the memory
+    engine = LLMEngine(EngineConfig(model=serve.model_dir(QWEN25_7B, serve.GROUP), load_format="dummy",
+                                    tensor_parallel_size=tp, max_model_len=2048, gpu_memory_utilization=0.9))
     try:
         closed_loop(engine, 4, 8, args.prompt_len, 16, seed=999)  # warm-up: prefill kernels compile
         rows = []
         for c in args.concurrency:
-            r = closed_loop(engine, c, max(args.requests, c), args.prompt_len, args.output_len, seed=c)
-            rows.append({"tp": tp, **r, "kv_blocks": engine.stats()["kv_blocks_total"]})
+            n = max(args.requests, c)
+            r = closed_loop(engine, c, n, args.prompt_len, args.output_len, seed=c)
+            floor = serve.floor_seconds(QWEN25_7B, serve.GROUP, n, c, args.prompt_len, args.output_len, tp * bw,
+                                        tp * peak)
+            rows.append({"tp": tp, **r, "floor_s": floor, "ratio_to_floor": floor / r["wall_s"],
+                         "kv_blocks": engine.stats()["kv_blocks_total"], "copy_GBps": bw / 1e9,
+                         "bf16_TFLOPs": peak / 1e12})
             print(json.dumps(rows[-1]), flush=True)
         return rows
     finally:
@@ -93,13 +83,13 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--single", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", ROOT), "tp.json"))
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
     args = ap.parse_args()
     if args.single is not None:
         print("RESULT " + json.dumps(single(args.single, args)), flush=True)
         return
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    rows = []
+    runs = []
     for tp in args.tp:
         cmd = [sys.executable, os.path.abspath(__file__), "--single", str(tp), "--requests", str(args.requests),
                "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len),
@@ -109,17 +99,20 @@ def main():
         if proc.returncode or not lines:
             print(f"tp={tp} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}", flush=True)
             continue
-        rows += json.loads(lines[-1][len("RESULT "):])
-    base = {r["concurrency"]: r["tok_s"] for r in rows if r["tp"] == 1}
-    for r in rows:
-        r["ratio_to_tp1"] = round(r["tok_s"] / base[r["concurrency"]], 3) if r["concurrency"] in base else None
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print("| tp | concurrency | requests | output tok/s | TPOT p50 ms | ratio to tp=1 |")
-    print("| --- | --- | --- | --- | --- | --- |")
+        runs += json.loads(lines[-1][len("RESULT "):])
+    base = {r["concurrency"]: r["tok_s"] for r in runs if r["tp"] == 1}
+    rows = [{"id": "E1-tp", "case": f"Qwen2.5-7B-AWQ tp={r['tp']} c={r['concurrency']}",
+             "ratio_to_floor": round(r["ratio_to_floor"], 3), "target_floor": None,
+             "ratio_to_peer": round(r["tok_s"] / base[r["concurrency"]], 3)
+             if r["tp"] != 1 and r["concurrency"] in base else None, "target_peer": None,
+             **{k: v for k, v in r.items() if k != "ratio_to_floor"}} for r in runs]
+    if rows:
+        record.save(rows, args.out)
+    print("| tp | concurrency | requests | output tok/s | TPOT p50 ms | of floor | ratio to tp=1 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['tp']} | {r['concurrency']} | {r['requests']} | {r['tok_s']:.0f} | "
-              f"{r['tpot_p50_ms'] or 0:.2f} | {r['ratio_to_tp1']} |")
+              f"{r['tpot_p50_ms'] or 0:.2f} | {r['ratio_to_floor']} | {r['ratio_to_peer']} |")
 
 
 if __name__ == "__main__":

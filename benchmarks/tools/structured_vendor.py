@@ -1,17 +1,19 @@
-"""What benchmarks/structured.py needs on a machine whose Python lacks it, put under
-.whl/structured/ (git-ignored through /.whl/), about 12 MB:
+"""What structured output needs on a GPU machine whose Python lacks it (benchmarks/structured.py,
+the structured GPU tests), put under .whl/structured/ (git-ignored through /.whl/), about 12 MB:
 
   site/               llguidance, unpacked (an abi3 build: one wheel serves CPython 3.9 and
-                      later, so the device's 3.12 too; manylinux_2_31 x86_64, no dependencies)
+                      later, so the device's 3.12 too; manylinux_2_31 x86_64, no dependencies),
+                      and the --extra packages for CPython 3.12 (jsonschema for the GPU tests)
   smollm2-tokenizer/  the embedded default model's tokenizer (49,152 tokens), so the E1
                       run masks a real vocabulary rather than the test tokenizer's 400
 
-    python benchmarks/structured_vendor.py               # llguidance from this venv's copy
-    python benchmarks/structured_vendor.py --wheel PATH  # or from a wheel file
-    python benchmarks/structured_vendor.py --download    # or: pip download (PyPI), for 3.12
+    python benchmarks/tools/structured_vendor.py               # llguidance from this venv's copy
+    python benchmarks/tools/structured_vendor.py --wheel PATH  # or from a wheel file
+    python benchmarks/tools/structured_vendor.py --download    # or: pip download (PyPI), for 3.12
+    python benchmarks/tools/structured_vendor.py --extra jsonschema   # and jsonschema with its dependencies
 
-Then carry ".whl/structured" to the device; benchmarks/structured.py puts its site/ on
-sys.path when it is there and uses the tokenizer on CUDA.
+Then carry ".whl/structured" to the device: benchmarks/structured.py puts its site/ on sys.path
+when it is there and uses the tokenizer on CUDA; benchmarks/gpu_run.sh puts it on PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ import sys
 import tempfile
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 DEST = os.path.join(ROOT, ".whl", "structured")
 
 
@@ -61,6 +64,18 @@ def download(site: str, version: str | None) -> str:
         return from_wheel(site, wheel)
 
 
+def extras(site: str, packages: list[str]) -> str:
+    """pip download packages and their dependencies as CPython 3.12 manylinux wheels, unpacked into site."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", *packages, "--only-binary", ":all:",
+                        "--python-version", "3.12", "--platform", "manylinux_2_31_x86_64",
+                        "--platform", "manylinux2014_x86_64", "-d", tmp], check=True)
+        wheels = sorted(glob.glob(os.path.join(tmp, "*.whl")))
+        for wheel in wheels:
+            from_wheel(site, wheel)
+        return ", ".join(os.path.basename(w) for w in wheels)
+
+
 def tokenizer(dest: str) -> str:
     from benchmarks.structured_backends import load_tokenizer
 
@@ -79,6 +94,8 @@ def main():
     src.add_argument("--wheel", help="an llguidance wheel to unpack")
     src.add_argument("--download", action="store_true", help="pip download llguidance for CPython 3.12")
     ap.add_argument("--version", help="with --download: the llguidance version (default: this venv's)")
+    ap.add_argument("--extra", nargs="+", default=[], metavar="PKG",
+                    help="also these packages with their dependencies, downloaded for CPython 3.12 (jsonschema)")
     ap.add_argument("--no-tokenizer", action="store_true")
     args = ap.parse_args()
     site = os.path.join(DEST, "site")
@@ -96,6 +113,8 @@ def main():
         what = download(site, version)
     else:
         what = from_installed(site)
+    if args.extra:
+        what += "; " + extras(site, args.extra)
     print(f"{site}: {what} ({size_mb(site):.1f} MB)")
     if not args.no_tokenizer:
         dest = os.path.join(DEST, "smollm2-tokenizer")
