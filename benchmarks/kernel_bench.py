@@ -2,8 +2,8 @@
 ratio to its floor (copy bandwidth and bf16 matmul rate measured in this run) and to its peer
 measured beside it (cuBLAS bf16 and the int4 GEMMs tinygemm and gemlite for K1, SDPA on
 contiguous KV for K2 and K3). Times are medians of CUDA-graph replays cycling through enough
-input sets to keep L2 cold. K1 runs the product's W4A16 path: llm_kernels.awq_prepare and
-awq_linear, whatever kernel they pick for the device and token count.
+input sets to keep L2 cold. K1 runs the product's W4A16 path: llm_kernels.w4a16_prepare and
+w4a16_linear, whatever kernel they pick for the device and token count.
 
     python3 benchmarks/kernel_bench.py [--only K1,K2,K3,K4] [--ms 1,8,16] [--out PATH]
 """
@@ -28,9 +28,10 @@ def w4a16_tuner_keys(M: int, N: int, K: int, group: int, dtype) -> list[tuple]:
     tuner's choice (`chosen`), its candidates' timings (TIMINGS) and the configs that failed to
     build (FAILED, by kernel name) for one K1 shape. The only place this script reads the W4A16
     kernels' internals: re-point it here when their names or shape keys change."""
-    from llm_kernels.awq_configs import KPACK, shape_key
+    from llm_kernels.w4a16.configs import shape_key
+    from llm_kernels.w4a16.weight import TUNED
 
-    return [(KPACK,) + shape_key(M, N, K, group, dtype)]
+    return [(name,) + shape_key(M, N, K, group, dtype) for name in TUNED.values()]
 
 
 HQ, HKV, D, HIDDEN, INTER, G = 28, 4, 128, 3584, 18944, 128
@@ -140,10 +141,10 @@ def tuner_fields(M, N, K) -> dict:
 
 def k1_rows_for(M, K, N, wbytes, prepared, dense, ref_w, peer_sets, bw, peak):
     x = rand((M, K))
-    got = llm_kernels.awq_linear(x, prepared[0])  # tunes this shape before timing
+    got = llm_kernels.w4a16_linear(x, prepared[0])  # tunes this shape before timing
     ref = x.float() @ ref_w
     err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
-    ours = bench_rot([lambda p=p: llm_kernels.awq_linear(x, p) for p in prepared])
+    ours = bench_rot([lambda p=p: llm_kernels.w4a16_linear(x, p) for p in prepared])
     cublas = bench_rot([lambda w=w: x @ w for w in dense])
     peers = {"cublas": cublas, **time_int4_peers(x, ref, peer_sets)}
     peer = min(t for k, t in peers.items() if isinstance(t, float) and not k.endswith("_rel_err"))
@@ -170,7 +171,7 @@ def k1(bw, peak, ms, shapes=None, int4_peers_too=True, save=None):
             q, qz, sc = int4_set(K, N)
             if i == 0:  # the reference weight, straight from the integers
                 ref_w = (q - qz.repeat_interleave(G, 0)).float() * sc.float().repeat_interleave(G, 0)
-            prepared.append(llm_kernels.awq_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(qz),
+            prepared.append(llm_kernels.w4a16_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(qz),
                                                     sc, G))
             peer_sets.append(int4_peers.build(gemlite, q, qz, sc, G) if int4_peers_too else {})
             del q, qz

@@ -20,9 +20,9 @@ import benchmarks.kernel_bench as bk  # noqa: E402
 from benchmarks import record  # noqa: E402
 # the formats' own unpacking and the engine's repacking, as the engine loads a checkpoint
 from engine.quant.repacked import apply_parts, int4_parts  # noqa: E402
-from llm_kernels.ct_format import ct_int_view  # noqa: E402
+from llm_kernels.w4a16.ct_format import ct_int_view  # noqa: E402
 from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, per_token_scales, quantize_fp8  # noqa: E402
-from llm_kernels.gptq_format import gptq_unpack, pack_cols, pack_rows  # noqa: E402
+from llm_kernels.w4a16.gptq_format import gptq_unpack, pack_cols, pack_rows  # noqa: E402
 
 SHAPES = [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]
 G = 128
@@ -45,7 +45,7 @@ def _format_parts(fmt, K, N, want_ref=False):
         g_idx = g_idx[torch.randperm(K, device="cuda", generator=bk.GEN)]
     ref = (q - z[g_idx]).float() * s.float()[g_idx] if want_ref else None
     if fmt == "awq":
-        return [llm_kernels.awq_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(z), s, G)], ref
+        return [llm_kernels.w4a16_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(z), s, G)], ref
     if fmt.startswith("gptq"):
         qq, zz = gptq_unpack(pack_rows(q, 4), pack_cols(z - 1, 4), 4, 1)  # v1: zeros stored minus one
         return int4_parts([(qq, zz, s, g_idx)], G, torch.bfloat16), ref
@@ -65,7 +65,7 @@ def k1_formats(bw, peak, ms):
             first, w_ref = _format_parts(fmt, K, N, want_ref=True)
             layers = [first] + [_format_parts(fmt, K, N)[0] for _ in range(bk.nsets(wbytes) - 1)]
             if fmt == "awq":
-                run = lambda x, p: llm_kernels.awq_linear(x, p[0])  # noqa: E731
+                run = lambda x, p: llm_kernels.w4a16_linear(x, p[0])  # noqa: E731
             else:
                 run = lambda x, p: apply_parts(p, x, None)  # noqa: E731
             for M in ms:

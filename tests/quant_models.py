@@ -11,26 +11,11 @@ import sys
 
 import torch
 
+from llm_kernels.w4a16.gptq_format import pack_cols, pack_rows
 from tests import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLMC_VENV = os.environ.get("LLMC_VENV", os.path.join(ROOT, ".venv-llmc"))
-
-
-def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
-    """int [R, C] of 0..2^bits-1 -> int32 [R/(32/bits), C] (GPTQ's qweight packing)."""
-    per = 32 // bits
-    rows, cols = values.shape
-    assert rows % per == 0, f"packed dimension {rows} must be a multiple of {per}"
-    v = values.to(torch.int64).reshape(rows // per, per, cols)
-    shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=values.device).view(1, per, 1)
-    packed = (v << shifts).sum(1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-
-
-def pack_cols(values: torch.Tensor, bits: int) -> torch.Tensor:
-    """int [R, C] -> int32 [R, C/(32/bits)] (GPTQ's qzeros packing)."""
-    return pack_rows(values.t(), bits).t().contiguous()
 
 
 def ct_pack(q_unsigned: torch.Tensor, bits: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Nsight Compute on the product's W4A16 linear (llm_kernels.awq_linear, whatever kernel it picks
+"""Nsight Compute on the product's W4A16 linear (llm_kernels.w4a16_linear, whatever kernel it picks
 for the device and token count): where the warps of each launch stall, how full the SMs are,
 how busy DRAM is. What K1 cannot give: a time says how slow, the stall reasons say why.
 
@@ -65,13 +65,13 @@ def run_cases(cases) -> None:
         z = torch.randint(0, 16, (K // G, N), device="cuda", generator=gen, dtype=torch.int32)
         s = (torch.rand(K // G, N, device="cuda", generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
         x = torch.randn((M, K), device="cuda", generator=gen).to(torch.bfloat16)
-        layer = llm_kernels.awq_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(z), s, G)
+        layer = llm_kernels.w4a16_prepare(llm_kernels.pack_awq_int4(q), llm_kernels.pack_awq_int4(z), s, G)
         for _ in range(3):  # tune, compile, and let an auto grid learn the programs resident per SM
-            llm_kernels.awq_linear(x, layer)
+            llm_kernels.w4a16_linear(x, layer)
         torch.cuda.synchronize()
         print(f"case {K}x{N} M={M}", flush=True)
         torch.cuda.profiler.start()
-        llm_kernels.awq_linear(x, layer)
+        llm_kernels.w4a16_linear(x, layer)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
         del q, z, s, layer

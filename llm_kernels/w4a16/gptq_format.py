@@ -26,6 +26,22 @@ def unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return unpack_rows(packed.t(), bits).t().contiguous()
 
 
+def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """int [R, C] of 0..2^bits-1 -> int32 [R/(32/bits), C] (GPTQ's qweight packing)."""
+    per = 32 // bits
+    rows, cols = values.shape
+    assert rows % per == 0, f"packed dimension {rows} must be a multiple of {per}"
+    v = values.to(torch.int64).reshape(rows // per, per, cols)
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64, device=values.device).view(1, per, 1)
+    packed = (v << shifts).sum(1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def pack_cols(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """int [R, C] -> int32 [R, C/(32/bits)] (GPTQ's qzeros packing)."""
+    return pack_rows(values.t(), bits).t().contiguous()
+
+
 def gptq_unpack(qweight, qzeros, bits: int, zero_offset: int):
     """(q [K, N], z [G, N]) as integers; zero_offset is 1 for checkpoint_format v1."""
     return unpack_rows(qweight, bits), unpack_cols(qzeros, bits) + zero_offset

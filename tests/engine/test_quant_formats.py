@@ -11,8 +11,8 @@ from engine.model.layers import Linear
 from llm_kernels.w4a16 import weight as w4a16_weight
 from llm_kernels.w4a16.ct_format import ct_unpack
 from llm_kernels.w4a16.select import CHECKPOINT
-from llm_kernels.w4a16.gptq_format import int4_to_awq, unpack_cols, unpack_rows
-from tests.quant_models import ct_pack, pack_cols, pack_rows
+from llm_kernels.w4a16.gptq_format import int4_to_awq, pack_cols, pack_rows, unpack_cols, unpack_rows
+from tests.quant_models import ct_pack
 from tests import models, quant_models
 
 MAX_NEW = 8

@@ -8,10 +8,10 @@ import torch
 from engine.quant.repacked import apply_parts, int4_parts
 from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, fp8_qdq_per_token, scaled_mm_available
 from llm_kernels.w4a16.ct_format import ct_int_view
-from llm_kernels.w4a16.gptq_format import gptq_unpack
+from llm_kernels.w4a16.gptq_format import gptq_unpack, pack_cols, pack_rows
 from llm_kernels.w4a16.select import KPACK
 from tests.gpu.conftest import slow
-from tests.quant_models import ct_pack, pack_cols, pack_rows
+from tests.quant_models import ct_pack
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
