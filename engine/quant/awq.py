@@ -19,8 +19,8 @@ PACK = 8  # int4 values per int32, along the output features
 @dataclass(frozen=True, slots=True)
 class AWQ(QuantMethod):
     """Run by llm_kernels.w4a16_linear on the layout llm_kernels.w4a16_prepare gives the layer
-    for its device (docs/kernels.md says which kernel runs where). Under tensor parallelism "column" slices N (packed 8 per int32), "row" slices K
-    (whole groups)."""
+    for its device (docs/kernels.md says which kernel runs where). Under tensor parallelism
+    "column" slices N (packed 8 per int32), "row" slices K (whole groups)."""
 
     group_size: int
     skip: tuple[str, ...] = ()  # modules_to_not_convert: names containing one stay dense

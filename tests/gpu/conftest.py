@@ -52,6 +52,11 @@ def slow(*values):
     return pytest.param(*values, marks=pytest.mark.slow)
 
 
+def cases(default: list[tuple], every: list[tuple]) -> list:
+    """Parametrize cases: `default` run in the default GPU run, the rest of `every` only in the long one."""
+    return list(default) + [slow(*c) for c in every if c not in default]
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

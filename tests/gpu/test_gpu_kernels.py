@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.gpu.conftest import TOL, check, rel_err
+from tests.gpu.conftest import TOL, cases, check, rel_err, slow
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.usefixtures("poison_cuda_alloc")]
@@ -21,8 +21,9 @@ def _paged(batch, max_blocks, block_size, dtype, gen):
     return k, v, tables.view(batch, max_blocks).int().contiguous()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("batch,max_ctx", [(3, 300), (8, 2048), (2, 8192)])
+@pytest.mark.parametrize("dtype,batch,max_ctx", cases(
+    [(torch.float32, 3, 300), (torch.bfloat16, 8, 2048), (torch.float16, 2, 8192)],
+    [(d, b, c) for d in (torch.float32, torch.bfloat16, torch.float16) for b, c in ((3, 300), (8, 2048), (2, 8192))]))
 def test_decode_attention_real_shapes(dtype, batch, max_ctx, gen):
     from llm_kernels.attention import paged_decode_attention, paged_decode_attention_reference
 
@@ -35,7 +36,7 @@ def test_decode_attention_real_shapes(dtype, batch, max_ctx, gen):
     check(out, ref, dtype, "decode")
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(14, 2, 64), (28, 4, 128)])
+@pytest.mark.parametrize("hq,hkv,d", [slow(14, 2, 64), (28, 4, 128)])
 def test_decode_attention_every_config(hq, hkv, d, gen):
     """Each candidate of the decode autotuner (the engine may run any of them),
     at a graph-sized table (256 blocks) with ragged lengths, in bf16."""
@@ -95,8 +96,10 @@ def test_prefill_attention_real_shapes(dtype, gen):
     check(out, ref, dtype, "prefill")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("window,softcap", [(1024, None), (4096, 50.0), (37, None), (512, 2.0)])
+@pytest.mark.parametrize("dtype,window,softcap", cases(
+    [(torch.bfloat16, 4096, 50.0), (torch.float32, 37, None)],
+    [(d, w, c) for d in (torch.float32, torch.bfloat16)
+     for w, c in ((1024, None), (4096, 50.0), (37, None), (512, 2.0))]))
 def test_sliding_window_and_softcap_decode_and_prefill(dtype, window, softcap, gen):
     """Gemma / Mistral windows and Gemma 2 soft-capping at real shapes, decode (in a CUDA
     graph too, every config) and prefill with cached prefixes longer than the window."""

@@ -10,7 +10,7 @@ from llm_kernels.w4a16 import awq_gemm_reference, ckpt, kpack, linear, pack_awq_
 from llm_kernels.w4a16.configs import DENSE, ckpt_config, ckpt_configs, kpack_configs, shape_key
 from llm_kernels.w4a16.select import CHECKPOINT, KPACK, candidates
 from llm_kernels.w4a16.weight import TUNED
-from tests.gpu.conftest import check, slow
+from tests.gpu.conftest import cases, check, slow
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.usefixtures("poison_cuda_alloc")]
@@ -59,9 +59,11 @@ def test_checkpoint_layout_every_config_and_the_tuned_call(K, N, M, gen):
     check(linear(x, prepare(qw, qz, s, G, CHECKPOINT)), ref, dtype, "linear")
 
 
-@pytest.mark.parametrize("layout", [KPACK, CHECKPOINT])
-@pytest.mark.parametrize("dtype,M", [(torch.float32, 8), (torch.float32, 100), (torch.float16, 4),
-                                     (torch.float16, 48)])
+@pytest.mark.parametrize("layout,dtype,M", cases(
+    [(KPACK, torch.float32, 8), (CHECKPOINT, torch.float32, 100), (CHECKPOINT, torch.float16, 4),
+     (KPACK, torch.float16, 48)],
+    [(la, d, m) for la in (KPACK, CHECKPOINT)
+     for d, m in ((torch.float32, 8), (torch.float32, 100), (torch.float16, 4), (torch.float16, 48))]))
 def test_float32_and_float16(layout, dtype, M, gen):
     qw, qz, s = layer(3584, 512, 128, dtype, gen)
     x = x_of(M, 3584, dtype, gen)
