@@ -45,9 +45,8 @@ def wide_config(bm, bn, split, warps=4):
 
 
 def ckpt_configs(M: int, dtype, device) -> list:
-    """Candidates of the checkpoint-layout kernels for M tokens. BLOCK_M 16 (mma.sync) tiles
-    serve M <= 32: the per-weight work is the dequant, so two M tiles cost less than one
-    taller tile."""
+    """Candidates of the checkpoint-layout kernels for M tokens (on a GPU at most 16 in bf16
+    and fp16, 64 in float32: llm_kernels.w4a16.select)."""
     if device.type != "cuda":  # the interpreter: every kernel variant, small
         deq = 0 if dtype == torch.float32 else 1
         cands = [ckpt_config(16, 16, deq, waves=2, bk=64), ckpt_config(16, 16, deq, split=1),
@@ -58,27 +57,11 @@ def ckpt_configs(M: int, dtype, device) -> list:
         return cands
     if dtype == torch.float32:  # the correctness path: exact float planes, ieee dots
         return [ckpt_config(16, 16, 0, warps=2, waves=4, bk=32)]
-    safe = ckpt_config(16, 32, 1, waves=6, stages=2)  # plain Triton: the yardstick of the others
-    pf = [ckpt_config(16, 32, 2, waves=w, pf=True) for w in (6, 4, 8, 2)]
-    pfx = [ckpt_config(16, 32, 2, waves=w, pf=True, pfx=True) for w in (6, 4)]
-    pfx64 = [ckpt_config(16, 32, 2, waves=w, pf=True, pfx=True, bk=64) for w in (6, 8)]
-    wide16 = [wide_config(16, 128, 7), wide_config(16, 64, 7), wide_config(16, 64, 7, warps=2)]
-    wide64 = [wide_config(32 if M <= 32 else 64, 128, s) for s in ((4, 14) if M <= 32 else (2, 7))]
-    # more programs in flight: thinner K blocks (fewer registers) and wider tiles
-    thin = [ckpt_config(16, bw, 2, waves=w, pf=True, bk=32) for bw, w in ((32, 8), (32, 12), (64, 6), (64, 8))]
-    capped = [ckpt_config(16, 32, 2, waves=8, pf=True, bk=64, maxnreg=128),
-              ckpt_config(16, 64, 2, warps=8, waves=4, pf=True, bk=64)]
-    if M <= 16:
-        return [safe] + pf + pfx + pfx64 + thin + capped + wide16
-    # taller tiles for batched decode: one dequantized weight tile serves 32 or 64 rows
-    tall = [ckpt_config(32, 32, 2, waves=4, pf=True, bk=64), ckpt_config(32, 32, 2, warps=8, waves=4, pf=True, bk=64),
-            ckpt_config(64, 32, 2, warps=8, waves=2, pf=True, bk=64),
-            ckpt_config(64, 32, 2, warps=8, waves=4, pf=True, bk=32)]
-    if M <= 32:
-        return [safe, pf[0], pfx[0], pfx64[0]] + thin[:2] + tall[:2] + wide64
-    if M <= 64:
-        return [pf[0], pfx[0], thin[0]] + tall + wide64
-    return tall[2:] + [ckpt_config(64, 32, 2, warps=8, waves=1, pf=True, bk=64)]
+    # up to 16 tokens (above, the dequantized weight with cuBLAS won on every layer): plain
+    # Triton first (the yardstick), the words prefetched in registers at 2-8 programs an SM,
+    # and the wide tiles split 7 ways by atomics
+    return [ckpt_config(16, 32, 1, waves=6, stages=2)] + \
+        [ckpt_config(16, 32, 2, waves=w, pf=True) for w in (6, 8, 2)] + [wide_config(16, 64, 7)]
 
 
 # ----------------------------------------------------------------------------

@@ -59,7 +59,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("kpack", "Triton W4A16 GEMM on the K-packed layout (llm_kernels.w4a16.kpack)",
            lambda s: s.device in TRITON_DEVICES and s.layout == KPACK and s.m <= _triton_max_m(s, 512)),
     Kernel("checkpoint", "Triton W4A16 GEMM on AutoAWQ's packing (llm_kernels.w4a16.ckpt)",
-           lambda s: s.device in TRITON_DEVICES and s.layout == CHECKPOINT and s.m <= _triton_max_m(s, 256)),
+           lambda s: s.device in TRITON_DEVICES and s.layout == CHECKPOINT and s.m <= _triton_max_m(s, 16)),
     Kernel("dequant_matmul", "the weight dequantized by a Triton kernel, then torch.matmul (cuBLAS)",
            lambda s: s.device in TRITON_DEVICES and s.layout in (KPACK, CHECKPOINT)
            and s.m > (16 if s.dtype in HALF else 64)),

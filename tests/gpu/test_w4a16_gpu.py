@@ -44,8 +44,9 @@ def test_kpack_every_config_and_the_tuned_call(K, N, M, gen):
 
 
 @pytest.mark.parametrize("K,N", [(576, 960), (576, 3072), slow(3584, 4608)])
-@pytest.mark.parametrize("M", [1, 16, 64, 200, slow(5), slow(32)])
+@pytest.mark.parametrize("M", [1, 16, 64, slow(5), slow(200)])
 def test_checkpoint_layout_every_config_and_the_tuned_call(K, N, M, gen):
+    """Its kernels' configs up to 16 tokens; above, the tuned call runs the dequantized weight."""
     G = 64 if K == 576 else 128
     dtype = torch.bfloat16
     qw, qz, s = layer(K, N, G, dtype, gen)
@@ -53,7 +54,7 @@ def test_checkpoint_layout_every_config_and_the_tuned_call(K, N, M, gen):
     assert w.layout == (CHECKPOINT if K % 128 else KPACK)
     x = x_of(M, K, dtype, gen)
     ref = awq_gemm_reference(x, qw, qz, s, G)
-    for cfg in ckpt_configs(M, dtype, x.device):
+    for cfg in ckpt_configs(M, dtype, x.device) if M <= 16 else []:
         if ckpt.fits(M, N, K, G, cfg, x.device):
             check(ckpt.launch(x, qw, qz, s, G, cfg), ref, dtype, f"checkpoint {cfg}")
     check(linear(x, prepare(qw, qz, s, G, CHECKPOINT)), ref, dtype, "linear")

@@ -29,6 +29,7 @@ def test_a_step_asks_the_tuner_once_per_layout_and_shape(rng, monkeypatch, layou
     assert name == weight.TUNED[layout] and key == (1 << (M - 1).bit_length(), N, K, G, torch.float16)
     assert kw == {"checked": (torch.float16, G), "cold_l2_device": None}  # cold L2 on CUDA only
     assert (cands[0] is DENSE) == first_dense and cands.count(DENSE) == int(first_dense)
+    assert len(cands) > 1 or (layout, M) == (CHECKPOINT, 100)  # above 16 tokens the checkpoint layout has only dense
 
 
 def test_first_checkpoint_candidate_is_plain_triton():
@@ -46,5 +47,6 @@ def test_candidates_are_distinct(monkeypatch):
     cuda = torch.device("cuda")
     for dtype in (torch.bfloat16, torch.float32):
         for M in (1, 16, 32, 64, 128, 256, 512):
-            for cands in (kpack_configs(M, dtype, cuda), ckpt_configs(M, dtype, cuda)):
+            lists = [kpack_configs(M, dtype, cuda)] + ([ckpt_configs(M, dtype, cuda)] if M <= 16 else [])
+            for cands in lists:
                 assert cands and len({tuple(sorted(c.items())) for c in cands}) == len(cands), (M, dtype)
