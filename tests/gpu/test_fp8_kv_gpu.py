@@ -16,12 +16,14 @@ from llm_kernels.attention import (
 )
 from llm_kernels.kv_cache import write_kv_cache, write_kv_cache_reference
 from tests.engine.test_fp8_kv import MAX_NEW, assert_parity, hf_fp8_greedy
+from tests.gpu.conftest import cases
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
-@pytest.mark.parametrize("cache_dtype", FP8)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("cache_dtype,dtype", cases([(FP8[0], torch.bfloat16), (FP8[1], torch.float16)],
+                                                    [(c, d) for c in FP8 for d in (torch.bfloat16, torch.float16,
+                                                                                    torch.float32)]))
 def test_write_kernel_stores_the_reference_bytes(cache_dtype, dtype):
     g = torch.Generator(device="cuda").manual_seed(0)
     T, H, D, bs, nb = 300, 4, 128, 16, 32
@@ -36,8 +38,8 @@ def test_write_kernel_stores_the_reference_bytes(cache_dtype, dtype):
     assert torch.equal(caches[1].view(torch.uint8), caches[3].view(torch.uint8))
 
 
-@pytest.mark.parametrize("cache_dtype", FP8)
-@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("cache_dtype,window", cases([(FP8[0], None), (FP8[1], 100)],
+                                                     [(c, w) for c in FP8 for w in (None, 100)]))
 def test_fp8_decode_and_prefill_match_reference(cache_dtype, window):
     g = torch.Generator(device="cuda").manual_seed(1)
     hq, hkv, d, bs = 28, 4, 128, 16
