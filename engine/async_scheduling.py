@@ -104,6 +104,8 @@ class AsyncScheduling:
             scheduled.append((seq, 1))
         if not scheduled or any(seq not in members for seq in sched.running):
             return None
+        if eng.speculator is not None and eng.speculator.wanted(sched.running):
+            return None  # a step that would draft waits for its tokens: speculation wins over running ahead
         for seq, _ in scheduled:
             if not sched.bm.allocate_slots(seq, 1):  # a block already given stays its (the next step uses it)
                 return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from engine import faults
 from engine.errors import InvalidInputError
 from engine.quant.names import QUANTIZATIONS
+from engine.spec_decode.config import SpeculativeConfig
 
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -53,6 +54,9 @@ class EngineConfig:
     # raises while it detokenizes, dead_* is an unrecoverable device error, load_error_after_tensors
     # an I/O error while the weights load.
     fault_injection: dict | None = None
+    # speculative decoding (vLLM's dict, engine.spec_decode.config): {"method": "ngram",
+    # "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m, ...}; None: off
+    speculative_config: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -97,3 +101,4 @@ class EngineConfig:
             raise InvalidInputError(f"quantization {self.quantization!r} is not supported ({', '.join(QUANTIZATIONS)})",
                                     field="quantization")
         faults.validate(self.fault_injection)
+        SpeculativeConfig.from_value(self.speculative_config)  # raises naming the field

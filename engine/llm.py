@@ -14,12 +14,12 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  gpu_memory_utilization: float = 0.9, num_kv_blocks: int | None = None, seed: int = 0,
-                 **kwargs):
+                 speculative_config: dict | None = None, **kwargs):
         config = EngineConfig(
             model=model, dtype=dtype, device=device, block_size=block_size, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching, gpu_memory_utilization=gpu_memory_utilization,
-            num_kv_blocks=num_kv_blocks, seed=seed, **kwargs,
+            num_kv_blocks=num_kv_blocks, seed=seed, speculative_config=speculative_config, **kwargs,
         )
         self.engine = LLMEngine(config)
         self._ids = itertools.count()

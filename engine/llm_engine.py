@@ -26,6 +26,9 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, use_long_rope
 from engine.sequence import Sequence
+from engine.spec_decode import verify
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.speculator import Speculator
 from engine.structured.masks import MaskFiller, advance
 from engine.tokenizer import load_tokenizer
 from engine.validation import is_int
@@ -131,6 +134,8 @@ class LLMEngine:
         self.parents: dict[str, ParentRequest] = {}  # requests of n > 1 (or best_of) choices
         self.token_decoder = TokenDecoder(self.tokenizer)  # Logprob.decoded_token
         self.step_count = 0
+        speculative = SpeculativeConfig.from_value(config.speculative_config)
+        self.speculator = Speculator(speculative, self.max_model_len) if speculative is not None else None
         # decode steps launched before the previous one's results are read (engine.async_scheduling);
         # not under tensor parallelism, sliding-window release, longrope's switch or fault injection
         ahead = self.device.startswith("cuda") if config.async_scheduling is None else config.async_scheduling
@@ -257,6 +262,8 @@ class LLMEngine:
         first (engine.async_scheduling)."""
         if self.ahead is not None and self.ahead.inflight is not None:
             return self.ahead.step()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)  # drafts, which the scheduler fits to the budget
         sched = self.scheduler.schedule()
         if sched.expired:  # before this step's forward writes into any block reused meanwhile
             self.runner.scrub_kv(sched.expired)
@@ -329,23 +336,26 @@ class LLMEngine:
     def _run(self, scheduled):
         self.faults.before_run(self.step_count, scheduled)
         prompt, rows = self._prompt_rows(scheduled)
-        samplers = [(seq, n) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens]
+        samplers = [(seq, n) for seq, n in scheduled if seq.num_computed_tokens + n >= seq.num_tokens]
         seqs = [s for s, _ in samplers]
-        pending = self.masks.start(seqs)  # computed while the forward is launched and runs
+        views = verify.rows(seqs) if self.speculator is not None else seqs  # k + 1 rows for a request with k drafts
+        pending = self.masks.start(views)  # computed while the forward is launched and runs
         try:
             logits = self.runner.execute(scheduled, prompt_rows=rows) if rows else self.runner.execute(scheduled)
         finally:
             masks = pending.result() if pending is not None else None  # the matchers are free again
         if samplers:
-            logits = self.faults.poison_logits(self.step_count, seqs, logits)
+            logits = self.faults.poison_logits(self.step_count, views, logits)
+        results = self.sampler.sample(logits, views, prompt, masks=masks) if samplers or prompt is not None else []
         if prompt is not None:
-            samples = iter(self.sampler.sample(logits, seqs, prompt, masks=masks))
             for (seq, _, _), positions in zip(prompt.entries, prompt.results):
                 self.token_decoder.fill(positions)
                 seq.prompt_logprobs.extend(positions)
-        else:
-            samples = iter(self.sampler.sample(logits, seqs, masks=masks) if samplers else [])
-        return [next(samples) if seq.num_computed_tokens + n == seq.num_tokens else None for seq, n in scheduled]
+        if views is not seqs:  # per request its accepted run (a list) where it verified drafts
+            results = verify.accepted_runs(seqs, results)
+            self.speculator.record(seqs, results)
+        samples = iter(results)
+        return [next(samples) if seq.num_computed_tokens + n >= seq.num_tokens else None for seq, n in scheduled]
 
     @staticmethod
     def _prompt_rows(scheduled) -> tuple[PromptRows | None, list[tuple[int, int, int]]]:
@@ -369,29 +379,43 @@ class LLMEngine:
             torch.cuda.empty_cache()
 
     def _postprocess(self, seq: Sequence, sample) -> RequestOutput:
-        """A sampled token through the detokenizer and its stop checks; the request's
-        output. A failure here fails this request only."""
+        """A sampled token (or a verify step's accepted run, token by token) through the
+        detokenizer and its stop checks; the request's output. A failure here fails this request only."""
         try:
-            if sample.error is not None:
-                return self._fail(seq, NonFiniteLogitsError(f"request {seq.request_id}: {sample.error}"))
-            self.faults.before_detokenize(self.step_count, seq)
-            if sample.top_logprobs is not None:
-                self.token_decoder.fill((sample.top_logprobs,))
-            grammar = advance(seq, sample.token_id) if seq.matcher is not None else None
-            if grammar == "error":
-                return self._fail(seq, RequestFailedError(
-                    f"request {seq.request_id}: token {sample.token_id} does not match its structured_outputs "
-                    f"({seq.matcher.get_error()})"))
-            end = seq.detok.update(sample.token_id, seq.num_output_tokens)
-            if end is None and grammar == "done":
-                end = seq.detok.complete()
-            if end is not None:
-                seq.finish_reason, seq.stop_reason = end
-                self._finish(seq)
+            run = sample if isinstance(sample, list) else (sample,)
+            before = seq.num_output_tokens - sum(s.error is None for s in run)  # output tokens before this step's
+            for i, s in enumerate(run):
+                failed = self._take(seq, s, before + i + 1)
+                if failed is not None:
+                    return failed
+                if seq.finish_reason is not None:  # EOS or a stop inside an accepted run ends it there
+                    verify.drop_after_end(seq, run[i + 1 :])
+                    break
             return request_output(seq)
         except Exception as exc:  # noqa: BLE001 - one request's failure fails that request only
             log.exception("request %s failed in postprocessing", seq.request_id)
             return self._fail(seq, RequestFailedError(f"request {seq.request_id} failed: {exc}"))
+
+    def _take(self, seq: Sequence, sample, num_output: int) -> RequestOutput | None:
+        """The num_output-th output token through the grammar and the detokenizer; the failed
+        request's output when it fails."""
+        if sample.error is not None:
+            return self._fail(seq, NonFiniteLogitsError(f"request {seq.request_id}: {sample.error}"))
+        self.faults.before_detokenize(self.step_count, seq)
+        if sample.top_logprobs is not None:
+            self.token_decoder.fill((sample.top_logprobs,))
+        grammar = advance(seq, sample.token_id) if seq.matcher is not None else None
+        if grammar == "error":
+            return self._fail(seq, RequestFailedError(
+                f"request {seq.request_id}: token {sample.token_id} does not match its structured_outputs "
+                f"({seq.matcher.get_error()})"))
+        end = seq.detok.update(sample.token_id, num_output)
+        if end is None and grammar == "done":
+            end = seq.detok.complete()
+        if end is not None:
+            seq.finish_reason, seq.stop_reason = end
+            self._finish(seq)
+        return None
 
     def _finish(self, seq: Sequence) -> None:
         self.requests.pop(seq.request_id, None)
@@ -410,5 +434,6 @@ class LLMEngine:
             **self.scheduler.stats(),
             "num_steps": self.step_count,
             "num_async_steps": self.ahead.num_steps if self.ahead is not None else 0,
+            **(self.speculator.stats() if self.speculator is not None else {}),
             **{k: v for k, v in self.memory.items() if k == "gpu_memory_fraction"},
         }

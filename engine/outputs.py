@@ -66,6 +66,8 @@ def request_output(seq: Sequence) -> RequestOutput:
             "first_token_time": seq.first_token_time,
             "finished_time": time.monotonic() if finished else None,
             "num_preemptions": seq.num_preemptions,
+            **({"spec_draft_tokens": seq.spec.draft_tokens, "spec_accepted_tokens": seq.spec.accepted_tokens}
+               if seq.spec is not None else {}),
         },
         error=seq.error,
         prompt_logprobs=seq.prompt_logprobs,  # complete once the prompt is computed (not copied)

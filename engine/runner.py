@@ -36,7 +36,7 @@ class HostBuffers:
         self.slots_t, self.slots = buf(max_tokens, torch.int64)
         self.ctx_t, self.ctx = buf(max_seqs + 1, torch.int32)  # + 1: a mixed-step graph's padding sequence
         self.qsl_t, self.qsl = buf(max_seqs + 2, torch.int32)
-        self.rows_t, self.rows = buf(max_seqs, torch.int64)
+        self.rows_t, self.rows = buf(max_tokens, torch.int64)  # a verify step samples several rows a request
         self.table_t = torch.empty(0, dtype=torch.int32)
         self.copied: torch.cuda.Event | None = None
 
@@ -167,9 +167,10 @@ class ModelRunner:
                 h.ids[t] = seq.token_ids[start] if start < len(seq.token_ids) else 0
                 h.pos[t] = start if long_rope is None else rope_row(long_rope, seq, start)
                 h.slots[t] = bt[start // bs] * bs + start % bs
-            else:
+            else:  # a chunk, or a verify step's last token and drafts (engine.spec_decode)
                 pos = np.arange(start, start + n)
-                h.ids[t : t + n] = seq.token_ids[start : start + n]
+                known = seq.token_ids[start : start + n]
+                h.ids[t : t + n] = known if len(known) == n else known + seq.spec_token_ids[: n - len(known)]
                 h.pos[t : t + n] = pos if long_rope is None else rope_row(long_rope, seq, pos)
                 h.slots[t : t + n] = np.asarray(bt, dtype=np.int64)[pos // bs] * bs + pos % bs
             t += n
@@ -178,8 +179,10 @@ class ModelRunner:
             h.ctx[i] = start + n
             table[i, : len(bt)] = bt
             table[i, len(bt) :] = 0
-            if start + n >= seq.num_tokens:  # past it: the last token is still being sampled (engine.async_scheduling)
-                sample_rows.append(t - 1)
+            # the positions from its last token on sample: one, or a verify step's k + 1; past the
+            # last token: the token is still being sampled (engine.async_scheduling)
+            if start + n >= seq.num_tokens:
+                sample_rows.extend(range(t - (start + n - max(start, seq.num_tokens - 1)), t))
         if rows_n > n_seqs:  # graph padding
             h.ids[t : t + rows_n - n_seqs] = 0
             h.pos[t : t + rows_n - n_seqs] = 0
@@ -258,7 +261,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]], prompt_rows=(),
                 input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [S, vocab] for the scheduled requests that sample, in order (float32, or the model's
+        """Logits [S, vocab] for the scheduled requests' sampling positions, in order (one a request, k + 1 for
+        one verifying k drafts; float32, or the model's
         dtype from a decode graph, valid until the next step); then
         the rows of `prompt_rows` (prompt_logprobs): (scheduled index, offset in its chunk, count).
         input_ids: a decode step's token ids on the device (the previous step's samples, not

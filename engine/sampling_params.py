@@ -96,6 +96,9 @@ class SamplingParams:
     detokenize: bool = True  # False: token ids only (benchmarks), no text and no stop strings
     bad_words_token_ids: list[list[int]] | None = None  # bad_words tokenized (the input processor's)
     structured_outputs: StructuredOutputsParams | None = None  # the output matches a schema, regex, ... (a dict of its fields too)
+    # speculative decoding for this request, when the engine has a speculative_config: None as the
+    # config says, False never, True also under the config's opt_in (the worker's summarize jobs)
+    speculative: bool | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -139,6 +142,7 @@ class SamplingParams:
                        f"must be an integer in [0, {MAX_LOGPROBS_LIMIT}]")
         _check_choices(self.n, self.best_of)
         _check_logits_edits(self)
+        _check(self.speculative is None or isinstance(self.speculative, bool), "speculative", "must be true, false or unset")
 
     @property
     def num_choices(self) -> int:
@@ -151,6 +155,6 @@ class SamplingParams:
 
 
 # the fields a request may set; `detokenize` is the engine's own switch (benchmarks),
-# bad_words_token_ids the input processor's
+# bad_words_token_ids the input processor's, `speculative` the caller's (not vLLM's)
 REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams)
-                                        if f.name not in ("detokenize", "bad_words_token_ids"))
+                                        if f.name not in ("detokenize", "bad_words_token_ids", "speculative"))

@@ -59,6 +59,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput):
+        seq.spec_token_ids = []
         self.running.remove(seq)
         self.bm.free_seq(seq)
         seq.num_preemptions += 1
@@ -99,6 +100,8 @@ class Scheduler:
                 self.num_window_released += self.bm.release_outside_window(seq, self.window)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert n > 0
+            if seq.spec_token_ids:
+                n = self._with_drafts(seq, budget)
             while not self.bm.allocate_slots(seq, n):
                 victim = self.running[-1]  # lowest priority, latest arrival
                 self._preempt(victim, out)
@@ -127,6 +130,15 @@ class Scheduler:
             budget -= n
         return out
 
+    def _with_drafts(self, seq: Sequence, budget: int) -> int:
+        """A decoding request's tokens with its drafts (engine.spec_decode): drafts count against
+        the budget and are cut to what it and the free blocks hold; drafts never preempt anyone."""
+        drafts = seq.spec_token_ids[: budget - 1]
+        while drafts and not self.bm.can_allocate(seq, 1 + len(drafts)):
+            drafts = drafts[:-1]
+        seq.spec_token_ids = drafts
+        return 1 + len(drafts)
+
     def _admission(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
         """A waiting request's cached prefix blocks and the tokens of its first chunk."""
         # prompt_logprobs need every prompt position's logits: no prefix hit (as vLLM)
@@ -153,11 +165,25 @@ class Scheduler:
         sampled = []
         now = time.monotonic()
         for (seq, n), sample in zip(scheduled, samples):
+            if isinstance(sample, list):  # a verified run (engine.spec_decode.verify): its tokens join
+                self._take_run(seq, n, sample, now)  # first, so the blocks cached hash real tokens
+                sampled.append((seq, sample))
+                continue
             self.advance(seq, n)
             if sample is not None:
                 self.append_sample(seq, sample, now)
                 sampled.append((seq, sample))
         return sampled
+
+    def _take_run(self, seq: Sequence, n: int, run: list, now: float) -> None:
+        """A verify step's accepted run joins seq: the computed tokens are its last token and the
+        accepted drafts; the KV written at rejected drafts' positions lies past them, never cached
+        or read, and the next steps overwrite it."""
+        accepted = len(run) - 1 if run[-1].error is None else 0
+        for sample in run:
+            self.append_sample(seq, sample, now)
+        self.advance(seq, n - len(seq.spec_token_ids) + accepted)
+        seq.spec_token_ids = []
 
     def advance(self, seq: Sequence, n: int) -> None:
         """n more of seq's tokens are computed (their KV written): newly full blocks are cached."""

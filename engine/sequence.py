@@ -52,6 +52,8 @@ class Sequence:
     emitted_len: int = 0  # characters of text already reported
     num_released_blocks: int = 0  # leading block table entries released (outside every layer's window)
     long_rope: bool = False  # longrope: rotated with the long factors (its length passed the switch)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts verified in the coming step (engine.spec_decode)
+    spec: object = None  # engine.spec_decode.speculator.SpecState once it may speculate
 
     def __post_init__(self):
         if not self.token_ids:

@@ -1,0 +1,78 @@
+"""speculative_config with vLLM's names, checked once: a bad value raises
+InvalidInputError naming `speculative_config.<field>`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from engine.errors import InvalidInputError
+from engine.validation import is_int, is_number
+
+FIELD = "speculative_config"
+METHODS = ("ngram",)
+# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size):
+# on the 2-core CPU a verify step of 5 positions stopped paying between 4 and 8 requests
+# (benchmarks/spec_decode.py, the crossover case); the GPU's crossover is for S2 to measure
+DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+LOOKUP_MIN, LOOKUP_MAX = 2, 4  # the n-grams looked up when neither bound is given
+
+
+def _fail(name: str, problem: str):
+    raise InvalidInputError(f"{FIELD}.{name} {problem}", field=f"{FIELD}.{name}")
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    num_speculative_tokens: int = 4  # k: drafted tokens verified per request and step
+    prompt_lookup_max: int = LOOKUP_MAX  # longest n-gram looked up (ngram)
+    prompt_lookup_min: int = LOOKUP_MIN  # shortest n-gram looked up (ngram)
+    disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    # ours: a request whose last `acceptance_window` drafted tokens were accepted less often than
+    # this pauses its drafts for as many steps (then tries again); 0: never pauses
+    min_acceptance_rate: float = 0.2
+    acceptance_window: int = 32
+    # ours: False: every request speculates unless its SamplingParams.speculative is False;
+    # True: only requests whose SamplingParams.speculative is True (the worker's summarize jobs)
+    opt_in: bool = False
+
+    @classmethod
+    def from_value(cls, value: Any) -> "SpeculativeConfig | None":
+        """A SpeculativeConfig from a dict (vLLM's keys), an instance, or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidInputError(f"{FIELD} must be an object such as "
+                                    '{"method": "ngram", "num_speculative_tokens": 4}', field=FIELD)
+        known = {f.name for f in fields(cls)}
+        for key in value:
+            if key not in known:
+                _fail(str(key), f"is not supported (supported: {', '.join(sorted(known))})")
+        if "method" not in value:
+            _fail("method", f"is required: one of {', '.join(METHODS)}")
+        if "num_speculative_tokens" not in value:
+            _fail("num_speculative_tokens", "is required (drafted tokens per step, e.g. 4)")
+        lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+        values = dict(value)
+        if lo is None and hi is not None:  # one bound given: the other's default, within it
+            values["prompt_lookup_min"] = min(hi, LOOKUP_MIN) if is_int(hi) else hi
+        if hi is None and lo is not None:
+            values["prompt_lookup_max"] = max(lo, LOOKUP_MAX) if is_int(lo) else lo
+        return cls(**values)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            _fail("method", f"must be one of {', '.join(METHODS)}, got {self.method!r}")
+        for name, low, high in (("num_speculative_tokens", 1, 16), ("prompt_lookup_max", 1, 64),
+                                ("prompt_lookup_min", 1, 64), ("disable_by_batch_size", 1, 1 << 20),
+                                ("acceptance_window", 1, 1 << 20)):
+            v = getattr(self, name)
+            if not (is_int(v) and low <= v <= high):
+                _fail(name, f"must be an integer in [{low}, {high}], got {v!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            _fail("prompt_lookup_min", f"({self.prompt_lookup_min}) must not exceed prompt_lookup_max "
+                  f"({self.prompt_lookup_max})")
+        if not (is_number(self.min_acceptance_rate) and 0 <= self.min_acceptance_rate <= 1):
+            _fail("min_acceptance_rate", f"must be a number in [0, 1], got {self.min_acceptance_rate!r}")
+        if not isinstance(self.opt_in, bool):
+            _fail("opt_in", "must be true or false")

@@ -1,0 +1,55 @@
+"""speculative_config: vLLM's keys and defaults, refusals naming the field, and the ways in
+(EngineConfig, LLM)."""
+import pytest
+
+from engine import EngineConfig, LLM, SamplingParams
+from engine.errors import InvalidInputError
+from engine.spec_decode.config import DEFAULT_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
+
+
+def test_vllm_keys_and_defaults():
+    c = SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
+                                      "prompt_lookup_min": 2})
+    assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == (5, 4, 2)
+    assert c.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE and not c.opt_in
+    assert SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 3,
+                                         "prompt_lookup_max": 1}).prompt_lookup_min == 1
+    assert SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 3,
+                                         "prompt_lookup_min": 6}).prompt_lookup_max == 6
+    assert SpeculativeConfig.from_value(None) is None
+
+
+@pytest.mark.parametrize("value,field", [
+    ({"num_speculative_tokens": 4}, "speculative_config.method"),
+    ({"method": "eagle", "num_speculative_tokens": 4}, "speculative_config.method"),
+    ({"method": "ngram"}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": True}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 3},
+     "speculative_config.prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 0},
+     "speculative_config.disable_by_batch_size"),
+    ({"method": "ngram", "num_speculative_tokens": 4, "min_acceptance_rate": 2},
+     "speculative_config.min_acceptance_rate"),
+    ({"method": "ngram", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
+     "speculative_config.draft_tensor_parallel_size"),
+    ("ngram", "speculative_config"),
+])
+def test_refusals_name_the_field(value, field):
+    with pytest.raises(InvalidInputError) as err:
+        EngineConfig(model="m", speculative_config=value)
+    assert err.value.field == field and field in str(err.value)
+
+
+def test_llm_takes_it_and_requests_opt_in_or_out(tiny_llama_dir):
+    cfg = {"method": "ngram", "num_speculative_tokens": 3, "opt_in": True}
+    llm = LLM(tiny_llama_dir, num_kv_blocks=64, speculative_config=cfg)
+    spec = llm.engine.speculator
+    assert spec.config.num_speculative_tokens == 3
+    seq = llm.engine.add_request("a", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2, temperature=0))
+    assert not spec.eligible(seq)  # opt_in: only requests asking for it
+    seq = llm.engine.add_request("b", {"prompt_token_ids": [5, 6]},
+                                 SamplingParams(max_tokens=2, temperature=0, speculative=True))
+    assert spec.eligible(seq)
+    with pytest.raises(InvalidInputError):
+        SamplingParams(speculative="yes")
