@@ -26,6 +26,7 @@ ENGINE_FIELDS = {
     "max_cudagraph_tokens": "MAX_CUDAGRAPH_TOKENS", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S", "max_logprobs": "MAX_LOGPROBS",
     "allow_special_tokens_in_content": "ALLOW_SPECIAL_TOKENS_IN_CONTENT", "kv_cache_dtype": "KV_CACHE_DTYPE",
     "tokenizer": "TOKENIZER_NAME", "tokenizer_revision": "TOKENIZER_REVISION", "chat_template": "CUSTOM_CHAT_TEMPLATE",
+    "speculative_config": "SPECULATIVE_CONFIG",
 }
 
 
@@ -39,6 +40,18 @@ def model_name(settings: Any) -> str:
     return DEFAULT_MODEL_NAME if serves_default_model(settings) else settings.model_name
 
 
+# the engine's speculation when only summarize jobs use it: requests opt in (handler.summarize.job)
+SUMMARIZE_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "opt_in": True}
+
+
+def speculative_config(settings: Any) -> dict | None:
+    """SPECULATIVE_CONFIG for every job; unset, n-gram drafts for the summarize jobs that ask."""
+    config = getattr(settings, "speculative_config", None)
+    if config is not None:
+        return config
+    return SUMMARIZE_NGRAM if getattr(settings, "summarize_speculation", False) else None
+
+
 def engine_config(settings: Any, model: str):
     """The EngineConfig for these settings, `model` the folder or hub id to load (raises engine
     InvalidInputError naming the field)."""
@@ -46,6 +59,7 @@ def engine_config(settings: Any, model: str):
 
     values = {name: getattr(settings, variable.lower()) for name, variable in ENGINE_FIELDS.items()}
     values["model"] = model
+    values["speculative_config"] = speculative_config(settings)
     values["prefix_cache_ttl_s"] = values["prefix_cache_ttl_s"] or None  # 0: cached blocks never expire
     if values["chat_template"] is None and serves_default_model(settings):  # its tool-aware template
         from handler.prepare.default_model import chat_template
@@ -63,7 +77,7 @@ def check_engine_settings(settings: Any) -> None:
     try:
         engine_config(settings, model_name(settings))
     except InvalidInputError as exc:
-        name = ENGINE_FIELDS.get(exc.field or "", exc.field or "settings")
+        name = ENGINE_FIELDS.get((exc.field or "").split(".")[0], exc.field or "settings")  # speculative_config.x
         raise SettingsError(name, str(getattr(settings, name.lower(), "")), exc.message) from None
 
 

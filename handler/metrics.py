@@ -38,6 +38,9 @@ class _EngineCollector:
             "worker_prefix_cache_hit_rate": ("Prompt tokens found in the prefix cache / prompt tokens looked up",
                                              s.get("prefix_cache_hit_rate", 0.0)),
         }
+        if "spec_acceptance_rate" in s:  # speculative decoding on
+            gauges["worker_spec_acceptance_rate"] = ("Drafted tokens accepted / drafted tokens verified",
+                                                     s["spec_acceptance_rate"])
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
         counters = {
@@ -45,9 +48,12 @@ class _EngineCollector:
             "worker_prefix_cache_query_tokens": ("Prompt tokens looked up in the prefix cache",
                                                  "prefix_cache_query_tokens"),
             "worker_preemptions": ("Requests preempted (recomputed later) for KV room", "num_preemptions"),
+            "worker_spec_draft_tokens": ("Tokens drafted by speculative decoding and verified", "spec_draft_tokens"),
+            "worker_spec_accepted_tokens": ("Drafted tokens accepted", "spec_accepted_tokens"),
         }
         for name, (doc, key) in counters.items():
-            yield CounterMetricFamily(name, doc, value=s.get(key, 0))
+            if key in s or not key.startswith("spec_"):
+                yield CounterMetricFamily(name, doc, value=s.get(key, 0))
 
 
 class Metrics:

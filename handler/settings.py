@@ -148,6 +148,11 @@ SETTINGS: tuple[Setting, ...] = (
        "resolved; one outside fails model_load_failed. Unset: BASE_PATH, /runpod-volume, /models, the Hugging Face "
        "cache, the user's cache and home folders, the working folder (unless it is `/`) and the temp folder; `*`: "
        "anywhere.", group="model"),
+    _s("SPECULATIVE_CONFIG", "json", None, "Speculative decoding for every job, vLLM's speculative_config as JSON "
+       "(worker-vllm's name): `{\"method\": \"ngram\", \"num_speculative_tokens\": 4}` drafts up to 4 tokens a "
+       "step by prompt lookup (`prompt_lookup_max`, `prompt_lookup_min`: the n-grams looked up) and verifies them in "
+       "one forward; greedy output is unchanged. Off above `disable_by_batch_size` running requests (default 4). "
+       "Unset: only `summarize` jobs speculate (SUMMARIZE_SPECULATION).", group="model"),
     _s("FAULT_INJECTION", "json", None, "Testing only, off by default: JSON handed to the engine's fault_injection, "
        "e.g. `{\"oom_at_step\": 3, \"oom_request_id\": \"job-1\"}`.", group="model"),
     # worker
@@ -164,6 +169,9 @@ SETTINGS: tuple[Setting, ...] = (
        "summary); a longer document is summarized in parts (map-reduce). 0: the engine's longest request. On the "
        "CPU a lower value (e.g. 2048, one engine step there) bounds how long a short document arriving mid-run "
        "waits behind a long one's prefill, at the price of more map calls.", minimum=0),
+    _s("SUMMARIZE_SPECULATION", "bool", True, "`summarize` jobs decode with n-gram speculation (prompt lookup: a "
+       "summary reuses its document's words, so several tokens are accepted a step at low concurrency; the text is "
+       "the same). False: they decode one token a step (or as SPECULATIVE_CONFIG says for every job, when set)."),
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),

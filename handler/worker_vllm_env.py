@@ -5,6 +5,7 @@ the worker. Values worker-vllm accepts that ours would refuse are mapped (DTYPE=
 dropped to our default with a note (MAX_MODEL_LEN=auto)."""
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 
 # worker-vllm's name -> ours (ours wins when both are set)
@@ -37,7 +38,7 @@ NOT_APPLICABLE = {
     ), _ENGINE),
     **dict.fromkeys((
         "ENABLE_LORA", "MAX_LORAS", "MAX_LORA_RANK", "LORA_EXTRA_VOCAB_SIZE", "LORA_DTYPE", "LONG_LORA_SCALING_FACTORS",
-        "MAX_CPU_LORAS", "FULLY_SHARDED_LORAS", "LORA_MODULES", "SPECULATIVE_CONFIG", "SPECULATIVE_METHOD",
+        "MAX_CPU_LORAS", "FULLY_SHARDED_LORAS", "LORA_MODULES", "SPECULATIVE_METHOD",
         "SPECULATIVE_MODEL", "NUM_SPECULATIVE_TOKENS", "SPECULATIVE_DRAFT_TENSOR_PARALLEL_SIZE",
         "SPECULATIVE_MAX_MODEL_LEN", "SPECULATIVE_DISABLE_BY_BATCH_SIZE", "NGRAM_PROMPT_LOOKUP_MAX",
         "NGRAM_PROMPT_LOOKUP_MIN", "GUIDED_DECODING_BACKEND", "RETURN_TOKENS_AS_TOKEN_IDS",
@@ -77,7 +78,29 @@ def translate(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         if value and not ok(value):
             notes.append(f"{name}={value}: {why}")
             out[name] = ""
+    _speculative(out, notes)
     return out, notes
+
+
+def _speculative(out: dict[str, str], notes: list[str]) -> None:
+    """SPECULATIVE_CONFIG as vLLM reads it: `"model": "[ngram]"` (its older spelling) is method ngram;
+    a method this engine lacks (a draft model, EAGLE, ...) is dropped with a note."""
+    raw = (out.get("SPECULATIVE_CONFIG") or "").strip()
+    try:
+        config = json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return  # the setting's own check names the variable
+    if not isinstance(config, dict):
+        return
+    model = config.get("model")
+    method = config.get("method") or ("ngram" if model in ("[ngram]", "ngram") else "draft_model" if model else None)
+    if method == "ngram":
+        config = {k: v for k, v in config.items() if k != "model"} | {"method": "ngram"}
+        out["SPECULATIVE_CONFIG"] = json.dumps(config)
+    elif method is not None:
+        notes.append(f"SPECULATIVE_CONFIG: method {method!r} is not implemented here (only ngram); speculation "
+                     "stays as without it")
+        out["SPECULATIVE_CONFIG"] = ""
 
 
 def start_notes(env: Mapping[str, str], ours: Collection[str]) -> list[str]:

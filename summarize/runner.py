@@ -135,9 +135,11 @@ def outcome(a: Attempt) -> tuple[dict | None, dict | None]:
 
 
 def _usage(u: Any) -> dict:
+    """The job's token counts; speculative decoding's drafted and accepted tokens when it reported them."""
     u = u if isinstance(u, dict) else {}
     p, c = int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    spec = {k: int(u[k]) for k in ("spec_draft_tokens", "spec_accepted_tokens") if isinstance(u.get(k), int)}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, **spec}
 
 
 def backoff_delay(base: float, retry: int) -> float:

@@ -71,10 +71,10 @@ class Speculator:
         on = self.on_for(running)
         for seq in running:
             seq.spec_token_ids = []
-            if not on or seq.num_tokens - seq.num_computed_tokens != 1:
-                continue  # above the switch, or still prefilling
-            state = self._state(seq)
-            if state is None or state.paused_until > self.step:
+            state = self._state(seq)  # made once it runs: its counters report 0 while it never drafts
+            if state is None or not on or seq.num_tokens - seq.num_computed_tokens != 1:
+                continue  # not speculating, above the switch, or still prefilling
+            if state.paused_until > self.step:
                 continue
             k = self._room(seq)
             if k <= 0:

@@ -33,6 +33,8 @@ class JobContext:
         self.cached = False  # the result came from the request_id cache
         self.empty_output_retries = 0  # requests run again for an empty output (EMPTY_OUTPUT_RETRIES)
         self.waited_for_load = 0.0
+        self.spec_draft_tokens: int | None = None  # speculative decoding's drafted and accepted tokens,
+        self.spec_accepted_tokens = 0  # over the job's requests (None: none of them speculated)
 
     def add_tokens(self, n: int) -> None:
         """`n` new output tokens arrived now."""
@@ -43,6 +45,18 @@ class JobContext:
             self.first_token = now
         self.last_token = now
         self.completion_tokens += n
+
+    def add_speculation(self, metrics: dict) -> None:
+        """A finished request's drafted and accepted tokens (its metrics have them when it speculated)."""
+        if "spec_draft_tokens" in metrics:
+            self.spec_draft_tokens = (self.spec_draft_tokens or 0) + metrics["spec_draft_tokens"]
+            self.spec_accepted_tokens += metrics["spec_accepted_tokens"]
+
+    def speculation_usage(self) -> dict:
+        """usage's spec_draft_tokens and spec_accepted_tokens, when a request of the job speculated."""
+        if self.spec_draft_tokens is None:
+            return {}
+        return {"spec_draft_tokens": self.spec_draft_tokens, "spec_accepted_tokens": self.spec_accepted_tokens}
 
     @property
     def ttft(self) -> float | None:
@@ -86,6 +100,7 @@ def job_finished(ctx: JobContext, status: str, error: JobError | None, metrics, 
         "tpot_s": round(tpot, 5) if tpot is not None else None, "cached_result": ctx.cached,
         "empty_output_retries": ctx.empty_output_retries,
         "route": ctx.spec.route if ctx.spec is not None else None, "jobs_in_flight": in_flight,
+        **ctx.speculation_usage(),
     }
     if stats:
         record.update({"kv_blocks_free": stats["kv_blocks_free"], "kv_blocks_total": stats["kv_blocks_total"],

@@ -229,6 +229,7 @@ class JobRequests:
         if out is None:
             raise JobError("internal_error", "the engine ended the request without any output")
         comp = out.outputs[0]
+        ctx.add_speculation(out.metrics or {})
         yield "done", Completion(text, comp.finish_reason, len(out.prompt_token_ids), ntok, out.num_cached_tokens,
                                  dict(out.metrics or {}), tracker.choices(out) if detail else [],
                                  list(out.prompt_token_ids), out.prompt_logprobs), 0

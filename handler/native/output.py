@@ -76,7 +76,7 @@ def final_item(run: JobRequests, comp: Completion, text: str) -> dict:
         "truncated": is_truncated(comp.finish_reason),
         "usage": {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
                   "total_tokens": comp.prompt_tokens + comp.completion_tokens,
-                  "cached_prompt_tokens": comp.cached_tokens},
+                  "cached_prompt_tokens": comp.cached_tokens, **run.ctx.speculation_usage()},
         "timings": run.ctx.timings(),
         "request_id": run.spec.idempotency_key or run.ctx.id,
     }

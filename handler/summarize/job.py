@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from handler.engine_setup import serves_default_model
 from handler.errors import JobError, invalid
 from handler.job.requests import JobRequests
+from handler.job.sampling import invalid_from_engine
 from handler.native.output import generate_items
 from handler.summarize import core
 from handler.summarize.schedule import call_gate
@@ -28,6 +29,18 @@ def summary_defaults(settings) -> dict:
 
         defaults.update(getattr(default_model, "SUMMARIZE_SAMPLING", {}))
     return defaults
+
+
+def _params(run: JobRequests, values: dict, speculative: bool):
+    """A summary call's SamplingParams: the job's values, with n-gram speculation asked for
+    (a summary copies its document's words) unless SUMMARIZE_SPECULATION is off."""
+    from engine.errors import InvalidInputError
+    from engine.input_processor import sampling_params
+
+    try:
+        return dataclasses.replace(sampling_params(values), speculative=speculative)
+    except InvalidInputError as exc:
+        raise invalid_from_engine(run.spec, exc) from None
 
 
 def summarize_context(engine, settings) -> int:
@@ -124,12 +137,14 @@ async def _items(run: JobRequests) -> AsyncIterator[dict]:
     summary_tokens = min(summary_tokens, context // 2)
     sampling.pop("max_tokens")
     calls = _Calls(run, context)
+    speculative = bool(getattr(settings, "summarize_speculation", True))
 
     def prompt(messages: list[dict]):
         return {"messages": messages} if processor.has_chat_template else core.plain_prompt(messages)
 
     async def call(messages: list[dict], max_tokens: int, tag: str) -> core.Piece:
-        return await calls.map_call(prompt(messages), {**sampling, "max_tokens": max_tokens}, tag)
+        return await calls.map_call(prompt(messages), _params(run, {**sampling, "max_tokens": max_tokens},
+                                                              speculative), tag)
 
     tok = processor.tokenizer
     try:
@@ -142,7 +157,7 @@ async def _items(run: JobRequests) -> AsyncIterator[dict]:
         raise invalid("summarize.text", str(exc)) from None
     if plan.rounds:
         ctx.log.info("summarize: %d chunks, %d map rounds", plan.chunks, plan.rounds)
-    request = run.prepare(prompt(plan.messages), {**sampling, "max_tokens": summary_tokens})
+    request = run.prepare(prompt(plan.messages), _params(run, {**sampling, "max_tokens": summary_tokens}, speculative))
     info = {"chunks": plan.chunks, "rounds": plan.rounds, "truncated_parts": plan.truncated_parts}
     # (a long last call queued as a map call counts as prefilling until it ends: the next long call waits)
     async with calls.admitted(request, final=True), contextlib.aclosing(generate_items(run, request, ctx.id)) as items:
