@@ -130,6 +130,7 @@ class Speculator:
             "spec_accepted_tokens": self.accepted_tokens,
             "spec_acceptance_rate": self.accepted_tokens / d if d else 0.0,
             "spec_verify_steps": self.verify_steps,
+            "spec_verify_requests": self.drafting_requests,  # request-steps that verified drafts
             # tokens a request gained per verify it took part in: accepted drafts + the one it always gets
             "spec_tokens_per_verify": (self.accepted_tokens / self.drafting_requests + 1) if self.drafting_requests else 0.0,
             "spec_paused_requests": self.paused,
