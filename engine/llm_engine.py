@@ -18,6 +18,7 @@ from engine.faults import FaultInjector
 from engine.input_processor import EngineRequest, InputProcessor
 from engine.memory import log_gpu_memory, num_kv_blocks
 from engine.model import loader
+from engine.model.spec import context_length
 from engine.logprobs import PromptRows, TokenDecoder
 from engine.outputs import RequestOutput, request_output
 from engine.parallel_sampling import ParentRequest, child_id, child_params
@@ -78,7 +79,7 @@ class LLMEngine:
         self.model_path = path
         spec = loader.read_model_spec(path, config.quantization)  # before any weight
         self.spec = spec
-        self.max_model_len = config.max_model_len or spec.max_position_embeddings
+        self.max_model_len = context_length(spec, config.max_model_len, config.allow_long_max_model_len)
         self.tokenizer = load_tokenizer(config.tokenizer or path, config.tokenizer_revision or
                                         (None if config.tokenizer else config.revision))
         if config.chat_template:

@@ -112,6 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
        choices=("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"), group="model"),
     _s("MAX_MODEL_LEN", "int", None, "Context length (prompt + output tokens); unset: the model's.", minimum=2,
        group="model"),
+    _s("ALLOW_LONG_MAX_MODEL_LEN", "bool", False, "Let MAX_MODEL_LEN exceed the model's positions "
+       "(config.json's max_position_embeddings, with its rope scaling), with a warning (vLLM's "
+       "VLLM_ALLOW_LONG_MAX_MODEL_LEN); false: such a MAX_MODEL_LEN stops the worker at start (with MODEL_NAME; "
+       "the default model's jobs fail model_load_failed).", group="model"),
     _s("GPU_MEMORY_UTILIZATION", "float", 0.9, "Fraction of GPU memory the engine may fill: weights, the profiled "
        "peak of a full-budget step, CUDA graphs, and the KV cache gets the rest.",
        minimum=0, exclusive_minimum=True, maximum=1, group="model"),

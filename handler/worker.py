@@ -158,6 +158,8 @@ class Worker:
         engine = self.engine
         if engine is None:  # loading: a job waiting for it ends at the drain's deadline too
             engine = await unless_expired(live, self.drain, self.loader.get(ctx))
+        else:
+            self.loader.start_summary()  # loaded at start, before the SDK's event loop ran
         spec = ctx.spec
         # the job's view of the engine records its request ids, for the drain's aborts
         run = JobRequests(ctx, JobEngine(engine, self.drain, live), spec, self.settings)

@@ -4,7 +4,6 @@ or SIGTERM (then the running jobs are cancelled and the engine stops)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from aiohttp import web
 
@@ -46,12 +45,10 @@ def make_app(endpoint: LocalEndpoint) -> web.Application:
     return app
 
 
-def serve(settings: Any, host: str, port: int) -> int:
-    """Serve the worker on http://host:port/v2/<any endpoint id>/... until stopped; returns the exit code."""
-    from handler.worker import Worker
-
-    store = JobStore()
-    worker = Worker(settings, progress=store.progress)
+def serve(worker, store: JobStore, host: str, port: int) -> int:
+    """Serve `worker` (its progress updates going to `store`) on http://host:port/v2/<any endpoint
+    id>/... until stopped; returns the exit code."""
+    settings = worker.settings
     if settings.metrics_port:
         worker.metrics.start_server(settings.metrics_port, settings.metrics_host)
     app = make_app(LocalEndpoint(worker, store))

@@ -31,7 +31,7 @@ PROMPTS = ["Hello there", "the cat sat on the mat", {"prompt_token_ids": list(ra
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
-    return LLM(tiny_llama_dir, num_kv_blocks=256, block_size=16, max_model_len=1024)
+    return LLM(tiny_llama_dir, num_kv_blocks=256, block_size=16, max_model_len=1024, allow_long_max_model_len=True)
 
 
 def gen(llm, prompts, max_tokens=600, **kw) -> list:
