@@ -162,12 +162,16 @@ SETTINGS: tuple[Setting, ...] = (
        "chunk when every layer slides).", minimum=0),
     _s("DEFAULT_MAX_TOKENS", "int", 4096, "Cap on output tokens when a job gives no max_tokens (it gets as many as fit "
        "the context, up to this; reaching it is reported as truncated, never silent).", minimum=1),
-    _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's text: the prompt, the messages' contents "
-       "together, or the document to summarize (a token-id prompt: most ids); more fails invalid_input.", minimum=1),
+    _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's input, together: the prompt (a token-id "
+       "prompt: ids) or the messages' contents, the tool definitions and the assistant messages' tool calls (their "
+       "JSON's strings and keys), the `bad_words`; or the document to summarize. More fails invalid_input naming the "
+       "largest of them.", minimum=1),
     _s("SUMMARIZE_CONTEXT_TOKENS", "int", 0, "Most tokens of one engine call of a `summarize` job (prompt + "
        "summary); a longer document is summarized in parts (map-reduce). 0: the engine's longest request. On the "
        "CPU a lower value (e.g. 2048, one engine step there) bounds how long a short document arriving mid-run "
        "waits behind a long one's prefill, at the price of more map calls.", minimum=0),
+    _s("MAX_BAD_WORDS", "int", 256, "Most words in one job's `bad_words` (each is tokenized twice, as vLLM "
+       "does); more fails invalid_input. Their characters count toward MAX_INPUT_CHARS.", minimum=1),
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),

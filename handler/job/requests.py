@@ -16,6 +16,7 @@ from typing import Any
 
 from handler.errors import JobError
 from handler.job.choices import ChoiceTracker, detailed, is_truncated
+from handler.job.limits import json_chars
 from handler.job.sampling import invalid_from_engine
 from handler.job.schema import JobSpec
 
@@ -33,17 +34,29 @@ def prompt_pool() -> ThreadPoolExecutor:
     return _prompt_pool
 
 
+BAD_WORD_COST = 64  # characters a bad word weighs beyond its own: it is tokenized twice
+
+
 def prompt_size(prompt) -> int:
-    """Characters (or token ids) of a prompt in the input processor's forms: what tokenizing it costs."""
+    """Characters (or token ids) of a prompt in the input processor's forms: what rendering and
+    tokenizing it costs (the messages' contents, their tool calls and the tool definitions)."""
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]
         elif "messages" in prompt:
-            return sum(len(m["content"]) for m in prompt["messages"]
-                       if isinstance(m, dict) and isinstance(m.get("content"), str))
+            messages = [m for m in prompt["messages"] if isinstance(m, dict)]
+            return (sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+                    + sum(json_chars(m["tool_calls"]) for m in messages if m.get("tool_calls"))
+                    + json_chars(prompt.get("tools") or []))
         else:
             prompt = prompt.get("prompt")
     return len(prompt) if isinstance(prompt, (str, list)) else 0
+
+
+def request_size(prompt, sampling) -> int:
+    """prompt_size, and what the sampling values cost the input processor (their bad_words)."""
+    words = sampling.get("bad_words") if isinstance(sampling, dict) else getattr(sampling, "bad_words", None)
+    return prompt_size(prompt) + sum(len(w) + BAD_WORD_COST for w in words or () if isinstance(w, str))
 
 
 @dataclass(slots=True)
@@ -139,9 +152,9 @@ class JobRequests:
         """The engine request of `prompt` with `sampling` (values, or the job's SamplingParams: used as
         they are, not built again): a missing max_tokens is what fits the context (and the KV
         cache), capped at DEFAULT_MAX_TOKENS (and MAX_OUTPUT_TOKENS): never vLLM's 16.
-        A prompt over OFF_LOOP_SIZE comes back as a PendingRequest that `events` processes
+        A request over OFF_LOOP_SIZE (request_size) comes back as a PendingRequest that `events` processes
         in a thread, so tokenizing a million characters stalls no other job's stream."""
-        if prompt_size(prompt) > OFF_LOOP_SIZE:
+        if request_size(prompt, sampling) > OFF_LOOP_SIZE:
             from engine.input_processor import sampling_params
 
             with self._coded_errors():

@@ -18,6 +18,7 @@ import pytest
 from handler.local import run_job
 from handler.worker import Worker
 from tests.handler.conftest import settings_for
+from tests.handler.tools.test_tools_and_reasoning import TOOL_TEMPLATE
 from tests.hardening.conftest import size
 from tests.models import TOKENIZER_TEXT
 
@@ -26,7 +27,8 @@ STALL_LIMIT_S = 0.5
 ROUNDS = size(5, 12)
 VICTIM_TOKENS = 48
 BIG = 1_000_000
-ENV = {"MAX_MODEL_LEN": "512", "NUM_KV_BLOCKS": "128", "DEFAULT_MAX_TOKENS": "64", "DEFAULT_BATCH_SIZE": "8"}
+ENV = {"MAX_MODEL_LEN": "512", "NUM_KV_BLOCKS": "128", "DEFAULT_MAX_TOKENS": "64", "DEFAULT_BATCH_SIZE": "8",
+       "CUSTOM_CHAT_TEMPLATE": TOOL_TEMPLATE}  # a template that renders tools and tool calls
 VICTIM = {"prompt": "Meeting notes: the team discussed the budget", "stream": True, "max_batch_size": 1,
           "sampling_params": {"max_tokens": VICTIM_TOKENS, "temperature": 0, "ignore_eos": True}}
 
@@ -152,13 +154,43 @@ async def heartbeat_gap(w: Worker, job_input: dict, tag: str) -> tuple[float, di
     return max(gaps), result
 
 
-BIG_INPUTS = {  # (job input, the code it must fail with)
+def _tool(description: str) -> dict:
+    return {"type": "function", "function": {"name": "weather", "description": description,
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def _called(arguments: dict) -> list[dict]:
+    return [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": json.dumps(arguments)}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}]
+
+
+def _chat(messages=None, **extra) -> dict:
+    return {"openai_route": "/v1/chat/completions", "openai_input": {
+        "messages": messages or [{"role": "user", "content": "Weather in Paris?"}], **extra}}
+
+
+BIG_INPUTS = {  # (job input, the code it must fail with, or COMPLETED)
     "1M-character prompt": ({"prompt": ("The quick brown fox jumps over the lazy dog. " * (BIG // 45 + 1))[:BIG]},
                             "prompt_too_long"),
     "1M token ids": ({"prompt": [5] * BIG}, "prompt_too_long"),
     "1M stop token ids": ({"prompt": "Hi", "sampling_params": {"stop_token_ids": list(range(BIG))}},
                           "invalid_input"),
     "1M messages": ({"messages": [{"role": "user", "content": "Hi"}] * BIG}, "invalid_input"),
+    # tool definitions, tool-call arguments and bad_words count toward the caps (MAX_INPUT_CHARS, MAX_BAD_WORDS)
+    "5 MB tool description": (_chat(tools=[_tool("Returns the weather. " * (5 * BIG // 21))], tool_choice="none"),
+                              "invalid_input"),
+    "5 MB tool-call arguments": (_chat(messages=_called({"city": "Paris " * (5 * BIG // 6)})), "invalid_input"),
+    "100,000 bad_words": ({"prompt": "Hi", "sampling_params": {"bad_words": [f"w{i}" for i in range(100_000)]}},
+                          "invalid_input"),
+    # within the caps: rendered and tokenized off the loop
+    "900,000-character tool description": (_chat(tools=[_tool("Returns the weather. " * (BIG * 9 // 210))],
+                                                 tool_choice="none"), "prompt_too_long"),
+    "900,000 characters of tool-call arguments": (_chat(messages=_called({"city": "Paris " * (BIG * 9 // 60)})),
+                                                  "prompt_too_long"),
+    "256 bad_words": ({"prompt": "Hi", "sampling_params": {"bad_words": [f"word{i}" for i in range(256)],
+                                                            "max_tokens": 2}}, "COMPLETED"),
     # a document of 1M characters is tokenized in a thread; its deadline ends it meanwhile
     "1M-character summarize": ({"summarize": ("Meeting notes: the budget. " * (BIG // 27 + 1))[:BIG],
                                 "timeout_s": 0.3}, "timeout"),
@@ -173,7 +205,10 @@ def test_big_inputs_do_not_stall_the_event_loop(worker, figures, case):
     gaps = []
     for r in range(3):  # the best of three: a loaded machine may steal one, never all three
         gap, result = loop.run_until_complete(heartbeat_gap(w, job_input, f"{r}"))
-        assert result["status"] == "FAILED" and json.loads(result["error"])["code"] == code, result
+        if code == "COMPLETED":
+            assert result["status"] == "COMPLETED", result
+        else:
+            assert result["status"] == "FAILED" and json.loads(result["error"])["code"] == code, result
         gaps.append(gap)
         if gap < STALL_LIMIT_S:
             break

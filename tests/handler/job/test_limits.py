@@ -1,6 +1,8 @@
 """Input limits (MAX_INPUT_CHARS, MAX_MESSAGES, MAX_OUTPUT_TOKENS, MAX_STOP_STRINGS, MAX_STOP_CHARS,
 MAX_STOP_TOKEN_IDS): at the limit a job runs, one past it fails invalid_input naming the field, the
 limit and its setting, before the engine sees it."""
+import json
+
 import pytest
 
 from handler.errors import JobError
@@ -135,3 +137,56 @@ def test_a_job_over_a_limit_fails_before_the_engine_runs(loop, make_worker):
     # no max_tokens: DEFAULT_MAX_TOKENS (12) capped by MAX_OUTPUT_TOKENS (5)
     r = run(loop, w, {"prompt": "Hi", "sampling_params": {"ignore_eos": True}})
     assert r["output"][-1]["usage"]["completion_tokens"] == 5 and r["output"][-1]["truncated"] is True
+
+
+def _chat(messages, **extra) -> dict:
+    return {"openai_route": "/v1/chat/completions", "openai_input": {"messages": messages, **extra}}
+
+
+def _tool(description: str) -> dict:
+    return {"type": "function", "function": {"name": "f", "description": description,
+                                             "parameters": {"type": "object"}}}
+
+
+def _called(arguments: str) -> list[dict]:
+    return [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+
+def test_tool_definitions_tool_calls_and_bad_words_count_toward_the_input_cap():
+    """Every field a client sizes counts toward MAX_INPUT_CHARS, not message text alone: the tool
+    definitions and calls by their JSON's strings and keys (the tool below: 56 + its description)."""
+    cap = load_settings({"MAX_INPUT_CHARS": "100"})
+    parse_job_input(_chat(msgs(1), tools=[_tool("x" * 42)]), cap)  # 2 + 56 + 42
+    err = refusal(_chat(msgs(1), tools=[_tool("x" * 43)]), cap)
+    assert err["field"] == "openai_input.tools" and err["setting"] == "MAX_INPUT_CHARS" and err["limit"] == 100
+    assert "101 characters of the input together (99 in openai_input.tools)" in err["message"]
+    parse_job_input(_chat(_called('{"a": "xy"}')), cap)
+    err = refusal(_chat(_called(json.dumps({"a": "x" * 100}))), cap)
+    assert err["field"] == "openai_input.messages[1].tool_calls" and err["setting"] == "MAX_INPUT_CHARS"
+    parse_job_input({"prompt": "Hi", "sampling_params": {"bad_words": ["abc", "def"]}}, SMALL)
+    err = refusal({"prompt": "Hi", "sampling_params": {"bad_words": ["x" * 50]}})
+    assert err["field"] == "sampling_params.bad_words" and err["setting"] == "MAX_INPUT_CHARS"
+    err = refusal({"prompt": "x" * 30, "sampling_params": {"bad_words": ["y" * 11]}})  # 41 together
+    assert err["setting"] == "MAX_INPUT_CHARS" and err["limit"] == 40
+
+
+def test_bad_words_have_a_cap_of_their_own():
+    s = load_settings({"MAX_BAD_WORDS": "3"})
+    parse_job_input({"prompt": "Hi", "sampling_params": {"bad_words": ["a", "b", "c"]}}, s)
+    err = refusal({"prompt": "Hi", "sampling_params": {"bad_words": ["a", "b", "c", "d"]}}, s)
+    assert err["field"] == "sampling_params.bad_words" and err["setting"] == "MAX_BAD_WORDS" and err["limit"] == 3
+    assert load_settings({}).max_bad_words == 256
+    err = refusal({"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "bad_words": ["w"] * 257}},
+                  load_settings({}))
+    assert err["field"] == "openai_input.bad_words" and err["setting"] == "MAX_BAD_WORDS"
+
+
+def test_tool_call_arguments_nested_deep_are_invalid_input_not_an_internal_error():
+    deep = "[" * 5000 + "]" * 5000
+    for arguments in ('{"a": ' + deep + "}", '{"a": ' + "[" * 40 + "]" * 40 + "}"):
+        err = refusal(_chat(_called(arguments)), load_settings({}))
+        assert err["field"] == "openai_input.messages[1].tool_calls[0].function.arguments", err
+        assert "deeper than" in err["message"]
