@@ -264,6 +264,20 @@ class JobRequests:
         return JobError("timeout", f"the job's deadline of {self.spec.timeout_s:g}s passed",
                         timeout_s=self.spec.timeout_s).with_partial_text(text)
 
+    def _raw_prompt_hint(self) -> str:
+        """What to do when a raw text prompt to a model with a chat template came out empty: an
+        instruct model often answers such a prompt with its end token at once."""
+        spec = self.spec
+        if not isinstance(spec.prompt, str) or spec.messages is not None or spec.route == "summarize":
+            return ""
+        if not self.engine.input_processor.has_chat_template:
+            return ""
+        if spec.route == "/v1/completions":
+            return ("; this model has a chat template and /v1/completions sends the prompt raw: use "
+                    "/v1/chat/completions with messages")
+        return ('; this model has a chat template and the prompt was sent raw: send "messages", or '
+                '"apply_chat_template": true with the prompt')
+
     def check(self, comp: Completion) -> None:
         """The failure contract on a finished request: never success with empty or
         (when asked) truncated text."""
@@ -272,10 +286,15 @@ class JobRequests:
         if comp.finish_reason == "abort":
             raise JobError("cancelled", "the request was aborted").with_partial_text(comp.text)
         usage = {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens}
+        empty = [c.index for c in comp.choices if not c.text.strip()] if len(comp.choices) > 1 else []
+        if empty and len(empty) < len(comp.choices):  # the contract holds per choice
+            raise JobError("empty_output", f"choices {empty} of {len(comp.choices)} choices produced no text",
+                           finish_reason=comp.finish_reason, usage=usage, empty_choices=empty).with_partial_text(
+                               comp.text)
         if not comp.text.strip():
             raise JobError("empty_output", f"the model produced {comp.completion_tokens} tokens but no text "
-                           f"(finish_reason {comp.finish_reason})", finish_reason=comp.finish_reason,
-                           usage=usage).with_partial_text(comp.text)
+                           f"(finish_reason {comp.finish_reason}){self._raw_prompt_hint()}",
+                           finish_reason=comp.finish_reason, usage=usage).with_partial_text(comp.text)
         if is_truncated(comp.finish_reason) and self.spec.on_truncation == "error":
             raise JobError("truncated", f"the output reached its limit of {comp.completion_tokens} tokens "
                            "(on_truncation: error)", finish_reason="length", usage=usage).with_partial_text(comp.text)
