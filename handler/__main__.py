@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from handler.http.jobs import JobStore
         from handler.http.server import serve
 
-        store = JobStore()
+        store = JobStore.for_settings(settings)
         worker = Worker(settings, progress=store.progress)
         return _load_first(worker) or serve(worker, store, args.host, args.port)
     serve_api = "--rp_serve_api" in rest

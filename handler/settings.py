@@ -222,6 +222,14 @@ SETTINGS: tuple[Setting, ...] = (
        exclusive_minimum=True),
     _s("LOAD_PROGRESS_INTERVAL_S", "float", 5.0, "Seconds between progress updates of jobs waiting for the model "
        "load.", minimum=0, exclusive_minimum=True),
+    _s("SERVE_MAX_QUEUED_JOBS", "int", 10_000, "`--serve` (the local endpoint): most jobs waiting in its queue; "
+       "past it /run and /runsync answer 429.", minimum=1),
+    _s("SERVE_MAX_RETAINED_MB", "float", 1024.0, "`--serve`: most megabytes of job inputs and results it keeps "
+       "(a finished job's input is let go at once); past it the oldest finished jobs are forgotten before their "
+       "retention ends, and a job whose input the unfinished ones leave no room for is answered 429.",
+       minimum=0, exclusive_minimum=True),
+    _s("SERVE_BODY_TIMEOUT_S", "float", 30.0, "`--serve`: seconds a request's body may take to arrive; a slower "
+       "one is answered 408 and its connection closed.", minimum=0, exclusive_minimum=True),
     _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port (`/metrics`, for pods); unset: not "
        "served.", minimum=1, maximum=65535),
     _s("METRICS_HOST", "str", "127.0.0.1", "Address the METRICS_PORT server binds: 127.0.0.1 keeps the metrics "
