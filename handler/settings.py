@@ -175,6 +175,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),
+    _s("MAX_JOB_TOKENS", "int", 65536, "Most output tokens one job may ask for across its choices: n (or "
+       "best_of) times max_tokens; more fails invalid_input naming n (or max_tokens). A job with no max_tokens "
+       "gets what fits this (and MAX_RESPONSE_MB), reported as truncated when reached.", minimum=1),
+    _s("MAX_RESPONSE_MB", "float", 16.0, "Most megabytes of a job's response, estimated before it runs from its "
+       "choices, max_tokens, logprobs and echo (about 16 bytes a token, 96 a logprob entry); more fails "
+       "invalid_input naming the field that grows it (logprobs, n, max_tokens).", minimum=0,
+       exclusive_minimum=True),
     _s("MAX_STOP_STRINGS", "int", 256, "Most stop strings in one job (`stop`); more fails invalid_input.", minimum=1),
     _s("MAX_STOP_CHARS", "int", 16384, "Most characters of a job's stop strings together; more fails invalid_input.",
        minimum=1),

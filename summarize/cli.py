@@ -7,6 +7,8 @@ import asyncio
 import logging
 import sys
 
+from summarize.names import shown
+
 log = logging.getLogger("summarize")
 
 EPILOG = """\
@@ -108,7 +110,6 @@ def _main(args: argparse.Namespace) -> int:
     from handler.logs import configure_logging
     from handler.settings import SettingsError
     from summarize.inputs import MAX_FILE_BYTES, InputError, collect
-    from summarize.names import shown
     from summarize.report import closing_summary, markdown_report
     from summarize.runner import Batch, FatalError, Options
     from summarize.store import ResultStore, StoreError, write_atomic

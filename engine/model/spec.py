@@ -77,7 +77,8 @@ def context_length(spec: ModelSpec, asked: int | None, allow_long: bool) -> int:
     scaling = spec.rope_scaling or {}
     limit = spec.max_position_embeddings
     if scaling.get("rope_type") not in (None, "default", "longrope", "llama3") and scaling.get("factor"):
-        limit = int(scaling.get("original_max_position_embeddings") or limit) if scaling["rope_type"] == "yarn" else limit
+        if scaling["rope_type"] == "yarn":
+            limit = int(scaling.get("original_max_position_embeddings") or limit)
         limit = int(limit * float(scaling["factor"]))
     if asked is None:
         return spec.max_position_embeddings

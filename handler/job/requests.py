@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from handler.errors import JobError
 from handler.job.choices import ChoiceTracker, detailed, is_truncated
+from handler.job.costs import fitting_max_tokens
 from handler.job.limits import json_chars
 from handler.job.sampling import invalid_from_engine
 from handler.job.schema import JobSpec
@@ -145,8 +146,9 @@ class JobRequests:
     """One job's engine requests: `prepare` a prompt with sampling values, run it with
     `events`, `check` the result against the failure contract."""
 
-    def __init__(self, ctx, engine, spec: JobSpec, settings: Any):
+    def __init__(self, ctx, engine, spec: JobSpec, settings: Any, admission=None):
         self.ctx, self.engine, self.spec, self.settings = ctx, engine, spec, settings
+        self.admission = admission  # handler.job.admission.KVAdmission: the worker's ledger of KV blocks
 
     def prepare(self, prompt, sampling):
         """The engine request of `prompt` with `sampling` (values, or the job's SamplingParams: used as
@@ -162,11 +164,23 @@ class JobRequests:
         return self._process(prompt, sampling)
 
     def _process(self, prompt, sampling):
-        """input_processor.process with the job's defaults; `sampling`: values or SamplingParams."""
+        """input_processor.process with the job's defaults (a missing max_tokens: what fits the context,
+        DEFAULT_MAX_TOKENS, MAX_OUTPUT_TOKENS and the job's cost caps); `sampling`: values or SamplingParams."""
+        from engine.input_processor import sampling_params
+
         cap = getattr(self.settings, "max_output_tokens", None) or math.inf
         default = int(min(self.settings.default_max_tokens, cap))
         with self._coded_errors():
-            return self.engine.input_processor.process(prompt, sampling, default_max_tokens=default)
+            params = sampling_params(sampling)
+            if params.max_tokens is None:
+                chars = len(self.spec.prompt) if isinstance(self.spec.prompt, str) else 0
+                fit = fitting_max_tokens(params, self.settings, chars, self.spec.echo)
+                if params.num_choices > 1:  # every choice's tokens in the KV cache at once (handler.job.admission)
+                    block = self.engine.stats()["kv_block_size"]
+                    kv_fit = self.engine.kv_capacity_tokens // params.num_choices - 2 * block
+                    fit = kv_fit if fit is None else min(fit, kv_fit)
+                default = max(1, min(default, fit)) if fit is not None else default
+            return self.engine.input_processor.process(prompt, params, default_max_tokens=default)
 
     @contextlib.contextmanager
     def _coded_errors(self):
@@ -204,6 +218,7 @@ class JobRequests:
             raise JobError("engine_dead", "the engine is dead; this worker is being replaced")
         if isinstance(request, PendingRequest):
             request = await self._process_off_loop(request)
+        release = await self._admit(request)
         submitted = time.monotonic()
         ctx.arrival = ctx.arrival or submitted
         stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt)
@@ -239,12 +254,37 @@ class JobRequests:
                     break
         finally:
             await stream.close()
+            release()
         if out is None:
             raise JobError("internal_error", "the engine ended the request without any output")
         comp = out.outputs[0]
         yield "done", Completion(text, comp.finish_reason, len(out.prompt_token_ids), ntok, out.num_cached_tokens,
                                  dict(out.metrics or {}), tracker.choices(out) if detail else [],
                                  list(out.prompt_token_ids), out.prompt_logprobs), 0
+
+    async def _admit(self, request) -> Callable[[], None]:
+        """Wait until the KV blocks the request may hold fit (handler.job.admission), as queued
+        time (QUEUE_TIMEOUT_S: overloaded; the job's deadline: timeout); returns their release."""
+        admission = self.admission
+        if admission is None:
+            return lambda: None
+        from handler.job.admission import kv_blocks
+
+        blocks = kv_blocks(request, self.engine, self.settings.enable_prefix_caching)
+        total = self.engine.stats()["kv_blocks_total"]
+        overloaded = JobError("overloaded", f"still queued QUEUE_TIMEOUT_S={self.settings.queue_timeout_s:g}s "
+                              f"after reaching the worker: the KV blocks its {request.params.num_choices} choices "
+                              f"may hold ({blocks} of {total}) are held by the requests running", retryable=True)
+        wait = admission.acquire(blocks, total, self.spec.priority, self._wait_limit(time.monotonic(), True),
+                                 overloaded)
+        unless_expired = getattr(self.engine, "unless_expired", None)  # the drain's deadline ends the wait
+        try:
+            await (unless_expired(wait) if unless_expired is not None else wait)
+        except JobError as err:
+            if err is overloaded:
+                self._raise_deadline("")  # the job's own deadline passed, not the queue's
+            raise
+        return lambda: admission.release(blocks, total)
 
     def _wait_limit(self, submitted: float, queued: bool) -> float | None:
         """Seconds to wait for news: until the job's deadline, or the queue timeout while queued."""

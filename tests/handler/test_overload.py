@@ -166,3 +166,31 @@ def test_overloaded_documents_go_to_the_fallback_endpoint(endpoint_env, endpoint
     assert len(fallback.jobs) - fallback_before == 3
     assert "overloaded on endpoint ep-busy; sending it to endpoint ep-fallback" in capsys.readouterr().err
     assert not primary.violations and not fallback.violations
+
+
+def test_a_job_whose_choices_the_kv_cache_cannot_hold_yet_waits_as_queued_then_fails_overloaded(loop, make_worker):
+    """Two jobs of 64 choices, each the whole KV cache (64 blocks, one a choice): the second waits
+    for the first's blocks instead of both running and preempting each other, and that wait is
+    queueing: past QUEUE_TIMEOUT_S it fails overloaded (retryable) while the first completes."""
+    w = make_worker(QUEUE_TIMEOUT_S="0.3", NUM_KV_BLOCKS="64")
+    assert loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {"prompt": "Hi", "sampling_params": {
+        "max_tokens": 2, "ignore_eos": True}}}))["status"] == "COMPLETED"
+    slow_steps(w, 0.05)  # 12 tokens: about a second
+    wide = {"prompt": [5, 17, 33, 120], "sampling_params": {"n": 64, "max_tokens": 12, "ignore_eos": True,
+                                                            "temperature": 1.0}}
+
+    async def main():
+        first = asyncio.ensure_future(run_job(w.handle, {"id": "first", "input": wide}))
+        while not w.engine.stats()["num_running"]:
+            await asyncio.sleep(0.005)
+        second = await run_job(w.handle, {"id": "second", "input": wide})
+        return await first, second
+
+    before = w.engine.stats()["num_preemptions"]
+    first, second = loop.run_until_complete(main())
+    err = error_of(second)
+    assert err["code"] == "overloaded" and err["retryable"] is True and "QUEUE_TIMEOUT_S=0.3" in err["message"]
+    assert "64 choices" in err["message"], err
+    assert first["status"] == "COMPLETED" and len(first["output"][-1]["choices"]) == 64
+    assert w.engine.stats()["num_preemptions"] == before
+    assert_free(w)

@@ -190,3 +190,38 @@ def test_tool_call_arguments_nested_deep_are_invalid_input_not_an_internal_error
         err = refusal(_chat(_called(arguments)), load_settings({}))
         assert err["field"] == "openai_input.messages[1].tool_calls[0].function.arguments", err
         assert "deeper than" in err["message"]
+
+
+def test_a_jobs_output_tokens_across_its_choices_have_a_cap():
+    s = load_settings({"MAX_JOB_TOKENS": "100"})
+    parse_job_input({"prompt": "Hi", "sampling_params": {"n": 4, "max_tokens": 25}}, s)
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 4, "max_tokens": 26}}, s)
+    assert err["field"] == "sampling_params.n" and err["setting"] == "MAX_JOB_TOKENS" and err["limit"] == 100
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 2, "best_of": 5, "max_tokens": 21}}, s)
+    assert err["field"] == "sampling_params.best_of", err
+    err = refusal({"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "n": 128, "max_tokens": 8}}, s)
+    assert err["field"] == "openai_input.n" and "128 choices" in err["message"]
+    assert load_settings({}).max_job_tokens == 65536
+
+
+def test_a_jobs_response_size_has_a_cap_estimated_before_it_runs():
+    s = load_settings({"MAX_RESPONSE_MB": "0.01"})  # 10,485 bytes
+    parse_job_input({"prompt": "Hi", "sampling_params": {"max_tokens": 100}}, s)  # 1,600 bytes of text
+    err = refusal({"prompt": "Hi", "sampling_params": {"max_tokens": 10, "logprobs": 20}}, s)
+    assert err["field"] == "sampling_params.logprobs" and err["setting"] == "MAX_RESPONSE_MB", err
+    err = refusal(_chat(msgs(1), logprobs=True, top_logprobs=20, max_tokens=10), s)
+    assert err["field"] == "openai_input.top_logprobs", err
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 8, "max_tokens": 100}}, s)
+    assert err["field"] == "sampling_params.n" and err["setting"] == "MAX_RESPONSE_MB", err
+    err = refusal({"openai_route": "/v1/completions", "openai_input": {"prompt": "x" * 3000, "echo": True, "n": 2,
+                                                                      "max_tokens": 1}}, s)
+    assert err["setting"] == "MAX_RESPONSE_MB", err  # the echoed prompt, once a choice
+    assert load_settings({}).max_response_mb == 16
+
+
+def test_a_job_without_max_tokens_gets_what_its_cost_caps_allow(loop, make_worker):
+    w = make_worker(MAX_JOB_TOKENS=12, DEFAULT_MAX_TOKENS=12)
+    r = run(loop, w, {"prompt": "Hi", "sampling_params": {"n": 4, "ignore_eos": True, "temperature": 1.0}})
+    assert r["status"] == "COMPLETED", r
+    last = r["output"][-1]
+    assert last["usage"]["completion_tokens"] == 12 and all(c["finish_reason"] == "length" for c in last["choices"])
