@@ -26,7 +26,7 @@ from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, use_long_rope
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.structured.masks import MaskFiller, advance
 from engine.tokenizer import load_tokenizer
 from engine.validation import is_int
@@ -240,12 +240,15 @@ class LLMEngine:
         seq.finish_reason = "abort"
         return request_output(seq)
 
-    def is_queued(self, request_id: str) -> bool:
-        """True while the request waits for its first step (never for one that
-        ran and was preempted): how long this lasts is the engine's queueing."""
+    def queued_since(self, request_id: str) -> float | None:
+        """Since when the request has waited in the engine's queue with no choice of it running:
+        its arrival, or its last preemption; None while a step runs it, or when it is unknown."""
         parent = self.parents.get(request_id)
-        seq = parent.children[0] if parent is not None else self.requests.get(request_id)
-        return seq is not None and seq.first_scheduled_time is None
+        seqs = parent.children if parent is not None else [self.requests.get(request_id)]
+        seqs = [s for s in seqs if s is not None and s.status != SequenceStatus.FINISHED]
+        if not seqs or any(s.status == SequenceStatus.RUNNING for s in seqs):
+            return None
+        return max(s.preempted_time or s.arrival_time for s in seqs)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -188,9 +188,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("MAX_STOP_TOKEN_IDS", "int", 1024, "Most stop token ids in one job (`stop_token_ids`); more fails "
        "invalid_input.", minimum=1),
     _s("JOB_TIMEOUT_S", "float", 0.0, "Deadline of a job without its own timeout_s; 0: none.", minimum=0),
-    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job still waiting in the engine's queue (no step has run any of it) this "
-       "many seconds after it reached the engine fails `overloaded` (retryable), so a router can send it "
-       "elsewhere; a long prefill does not count; 0: off.", minimum=0),
+    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job still waiting this many seconds after it reached the worker, for "
+       "room in the KV cache for all its choices or in the engine's queue with none of it running (also after a "
+       "preemption), fails `overloaded` (retryable), so a router can send it elsewhere; a long prefill does not "
+       "count; 0: off.", minimum=0),
     _s("DRAIN_TIMEOUT_S", "float", 4.0, "Seconds from SIGTERM (or the stop after a refresh) until the jobs still "
        "running fail `worker_shutdown` (retryable, with their partial text) and the worker exits: a little under "
        "the 5 s from SIGTERM to SIGKILL, the one window RunPod's docs state (for interruptible pods; none is "

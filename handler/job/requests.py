@@ -218,22 +218,23 @@ class JobRequests:
             raise JobError("engine_dead", "the engine is dead; this worker is being replaced")
         if isinstance(request, PendingRequest):
             request = await self._process_off_loop(request)
+        reached = time.monotonic()  # queued from here: waiting for the KV cache, then in the engine
         release = await self._admit(request)
-        submitted = time.monotonic()
-        ctx.arrival = ctx.arrival or submitted
+        ctx.arrival = ctx.arrival or time.monotonic()
         stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt)
         text, ntok, out = "", 0, None
         tracker, detail = ChoiceTracker(), detailed(request.params)
-        started = False  # the engine has run a step of it: no longer queued
         try:
             while True:
-                if not await stream.wait(self._wait_limit(submitted, queued=out is None and not started)):
+                queued = self._queued_since(engine_request_id, reached if out is None else None)
+                if not await stream.wait(self._wait_limit(queued)):
                     self._raise_deadline(text)
-                    if not engine.is_queued(engine_request_id):
-                        started = True  # a long prefill, not a queue: wait for its tokens
-                        continue
+                    queued = self._queued_since(engine_request_id, reached if out is None else None)
+                    if queued is None or time.monotonic() < queued + self.settings.queue_timeout_s:
+                        continue  # running (a long prefill is not a queue), or not queued that long yet
                     raise JobError("overloaded", f"still queued in the engine QUEUE_TIMEOUT_S="
-                                   f"{self.settings.queue_timeout_s:g}s after reaching it", retryable=True)
+                                   f"{self.settings.queue_timeout_s:g}s after reaching it (or after it was "
+                                   "preempted)", retryable=True).with_partial_text(text)
                 # snapshot first: the stream moves on while we are suspended at the yield below
                 latest, error, done = stream.latest, stream.error, stream.done
                 if latest is not None and latest is not out:
@@ -275,8 +276,7 @@ class JobRequests:
         overloaded = JobError("overloaded", f"still queued QUEUE_TIMEOUT_S={self.settings.queue_timeout_s:g}s "
                               f"after reaching the worker: the KV blocks its {request.params.num_choices} choices "
                               f"may hold ({blocks} of {total}) are held by the requests running", retryable=True)
-        wait = admission.acquire(blocks, total, self.spec.priority, self._wait_limit(time.monotonic(), True),
-                                 overloaded)
+        wait = admission.acquire(blocks, total, self.spec.priority, self._wait_limit(time.monotonic()), overloaded)
         unless_expired = getattr(self.engine, "unless_expired", None)  # the drain's deadline ends the wait
         try:
             await (unless_expired(wait) if unless_expired is not None else wait)
@@ -286,14 +286,24 @@ class JobRequests:
             raise
         return lambda: admission.release(blocks, total)
 
-    def _wait_limit(self, submitted: float, queued: bool) -> float | None:
-        """Seconds to wait for news: until the job's deadline, or the queue timeout while queued."""
-        now = time.monotonic()
+    def _queued_since(self, engine_request_id: str, reached: float | None) -> float | None:
+        """With QUEUE_TIMEOUT_S: since when the request waits with none of it running (the engine's
+        word: first, or after a preemption), counted from `reached` (the worker) before its first
+        output; None while it runs."""
+        if not self.settings.queue_timeout_s:
+            return None
+        since = self.engine.queued_since(engine_request_id)
+        return since if since is None or reached is None else min(since, reached)
+
+    def _wait_limit(self, queued: float | None) -> float | None:
+        """Seconds to wait for news: until the job's deadline, and with QUEUE_TIMEOUT_S until the queue
+        timeout of a queued request (one that runs is looked at again that often: it may be preempted)."""
+        now, timeout = time.monotonic(), self.settings.queue_timeout_s
         limits = []
         if self.ctx.deadline is not None:
             limits.append(self.ctx.deadline - now)
-        if self.settings.queue_timeout_s and queued:
-            limits.append(submitted + self.settings.queue_timeout_s - now)
+        if timeout:
+            limits.append(timeout if queued is None else queued + timeout - now)
         return max(0.0, min(limits)) if limits else None
 
     def _raise_deadline(self, text: str) -> None:
