@@ -142,9 +142,9 @@ class AsyncLLMEngine:
             if not finished:
                 await self.abort(request_id)
 
-    def is_queued(self, request_id: str) -> bool:
-        """True while the request waits in the engine's queue for its first step."""
-        return self.engine.is_queued(request_id)
+    def queued_since(self, request_id: str) -> float | None:
+        """Since when the request waits in the engine's queue, first or after a preemption (None: running)."""
+        return self.engine.queued_since(request_id)
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks; its stream ends with finish_reason "abort"."""

@@ -27,6 +27,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     block_size: int = 16
     max_model_len: int | None = None
+    allow_long_max_model_len: bool = False  # max_model_len past the model's positions: a warning, not a refusal
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True

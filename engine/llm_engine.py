@@ -18,6 +18,7 @@ from engine.faults import FaultInjector
 from engine.input_processor import EngineRequest, InputProcessor
 from engine.memory import log_gpu_memory, num_kv_blocks
 from engine.model import loader
+from engine.model.spec import context_length
 from engine.logprobs import PromptRows, TokenDecoder
 from engine.outputs import RequestOutput, request_output
 from engine.parallel_sampling import ParentRequest, child_id, child_params
@@ -25,7 +26,7 @@ from engine.runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, use_long_rope
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.spec_decode import verify
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.speculator import Speculator
@@ -81,7 +82,7 @@ class LLMEngine:
         self.model_path = path
         spec = loader.read_model_spec(path, config.quantization)  # before any weight
         self.spec = spec
-        self.max_model_len = config.max_model_len or spec.max_position_embeddings
+        self.max_model_len = context_length(spec, config.max_model_len, config.allow_long_max_model_len)
         self.tokenizer = load_tokenizer(config.tokenizer or path, config.tokenizer_revision or
                                         (None if config.tokenizer else config.revision))
         if config.chat_template:
@@ -244,12 +245,15 @@ class LLMEngine:
         seq.finish_reason = "abort"
         return request_output(seq)
 
-    def is_queued(self, request_id: str) -> bool:
-        """True while the request waits for its first step (never for one that
-        ran and was preempted): how long this lasts is the engine's queueing."""
+    def queued_since(self, request_id: str) -> float | None:
+        """Since when the request has waited in the engine's queue with no choice of it running:
+        its arrival, or its last preemption; None while a step runs it, or when it is unknown."""
         parent = self.parents.get(request_id)
-        seq = parent.children[0] if parent is not None else self.requests.get(request_id)
-        return seq is not None and seq.first_scheduled_time is None
+        seqs = parent.children if parent is not None else [self.requests.get(request_id)]
+        seqs = [s for s in seqs if s is not None and s.status != SequenceStatus.FINISHED]
+        if not seqs or any(s.status == SequenceStatus.RUNNING for s in seqs):
+            return None
+        return max(s.preempted_time or s.arrival_time for s in seqs)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -63,6 +63,7 @@ class Scheduler:
         self.running.remove(seq)
         self.bm.free_seq(seq)
         seq.num_preemptions += 1
+        seq.preempted_time = time.monotonic()
         self.num_preemptions += 1
         out.preempted.append(seq)
         self.add(seq)

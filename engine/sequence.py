@@ -35,6 +35,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     first_scheduled_time: float | None = None  # when a step first ran any of it (None: still queued)
+    preempted_time: float | None = None  # when it was last preempted (waiting again since, until rescheduled)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: Exception | None = None

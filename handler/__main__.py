@@ -27,6 +27,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _load_first(worker) -> int:
+    """A worker with MODEL_NAME loads its model before taking any job; one that cannot load
+    takes none and exits non-zero (RunPod marks it unhealthy), its log naming the setting and
+    the cause: 2 for a setting the model refuses (as any bad setting), 1 for the load itself.
+    The embedded default model loads on the first job (prepared once, then cached)."""
+    from handler.errors import JobError
+
+    settings = worker.settings
+    if not settings.model_name:
+        return 0
+    try:
+        worker.loader.load_now()
+    except JobError as exc:
+        from handler.engine_setup import ENGINE_FIELDS
+
+        variable = ENGINE_FIELDS.get(getattr(exc.__cause__, "field", None) or "")
+        if variable:  # a setting the model refuses (MAX_MODEL_LEN past its positions)
+            message = exc.__cause__.message.replace("allow_long_max_model_len=True", "ALLOW_LONG_MAX_MODEL_LEN=true")
+            log.error("invalid setting: %s=%r: %s", variable, getattr(settings, variable.lower()), message)
+            return 2
+        log.error("the model could not be loaded (MODEL_NAME=%s): %s; taking no job", settings.model_name,
+                  exc.message)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = _parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     from handler.logs import configure_logging
@@ -35,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_settings:
         sys.stdout.write(settings_markdown())
         return 0
-    configure_logging(os.environ.get("LOG_LEVEL", "").strip() or "info")
+    configure_logging("info")  # until LOG_LEVEL itself is checked
     try:
         settings = load_settings()
         configure_logging(settings.log_level)
@@ -53,12 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     for note in start_notes(os.environ, SETTINGS_BY_NAME):  # worker-vllm's variables this worker does not apply
         log.warning("%s", note)
 
-    if args.serve:
-        from handler.http.server import serve
-
-        return serve(settings, args.host, args.port)
     from handler.worker import Worker
 
+    if args.serve:
+        from handler.http.jobs import JobStore
+        from handler.http.server import serve
+
+        store = JobStore.for_settings(settings)
+        worker = Worker(settings, progress=store.progress)
+        return _load_first(worker) or serve(worker, store, args.host, args.port)
     serve_api = "--rp_serve_api" in rest
     local = args.test_input is not None or (not serve_api and not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"))
     if local:
@@ -71,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     from handler.runpod_loop.scaler import start
 
     worker = Worker(settings, progress=runpod.serverless.progress_update)
+    failed = _load_first(worker)
+    if failed:
+        return failed
     if settings.metrics_port:
         worker.metrics.start_server(settings.metrics_port, settings.metrics_host)
     sys.argv = [sys.argv[0], *rest]  # the SDK parses its own --rp_* flags

@@ -18,7 +18,8 @@ log = logging.getLogger("handler")
 # refusal names the variable
 ENGINE_FIELDS = {
     "model": "MODEL_NAME", "revision": "MODEL_REVISION", "dtype": "DTYPE", "quantization": "QUANTIZATION",
-    "block_size": "BLOCK_SIZE", "max_model_len": "MAX_MODEL_LEN", "max_num_seqs": "MAX_NUM_SEQS",
+    "block_size": "BLOCK_SIZE", "max_model_len": "MAX_MODEL_LEN",
+    "allow_long_max_model_len": "ALLOW_LONG_MAX_MODEL_LEN", "max_num_seqs": "MAX_NUM_SEQS",
     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "enable_prefix_caching": "ENABLE_PREFIX_CACHING",
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "num_kv_blocks": "NUM_KV_BLOCKS", "seed": "SEED",
     "fault_injection": "FAULT_INJECTION", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
@@ -73,7 +74,9 @@ def check_engine_settings(settings: Any) -> None:
     from engine.errors import InvalidInputError
 
     from handler.settings import SettingsError
+    from handler.start_checks import check_chat_template
 
+    check_chat_template(settings)
     try:
         engine_config(settings, model_name(settings))
     except InvalidInputError as exc:
@@ -107,7 +110,8 @@ def build_engine(settings: Any, on_progress: Callable[[str], None] | None = None
 class EngineLoader:
     """The engine, built on the first job's demand in a thread (`factory(settings,
     on_stage)`); jobs arriving during the load wait for the same one, with progress
-    updates. A failed load fails every job `model_load_failed` and calls `on_failure`."""
+    updates. A failed load fails every job `model_load_failed` (retryable) and calls
+    `on_failure`. With MODEL_NAME the worker loads before taking jobs instead (`load_now`)."""
 
     def __init__(self, settings: Any, factory: Callable, metrics, *, progress: Callable | None = None,
                  on_failure: Callable[[str], None] = lambda why: None):
@@ -122,9 +126,10 @@ class EngineLoader:
     async def get(self, ctx):
         """The engine, loading it if needed (within the job's deadline)."""
         if self.engine is not None:
+            self.start_summary()
             return self.engine
         if self._error is not None:
-            raise JobError(self._error.code, self._error.message)
+            raise JobError(self._error.code, self._error.message, retryable=self._error.retryable)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._load())
         task, t0 = self._task, time.monotonic()
@@ -144,8 +149,20 @@ class EngineLoader:
         ctx.waited_for_load = time.monotonic() - t0
         if task.exception() is not None:
             err = JobError.from_exception(task.exception())
-            raise JobError(err.code, err.message)
+            raise JobError(err.code, err.message, retryable=err.retryable)
         return task.result()
+
+    def load_now(self) -> None:
+        """Load before any job (a worker with MODEL_NAME: a model that cannot serve is found at
+        start, not by the jobs). Blocking; raises the load's JobError (model_load_failed), its
+        cause chained."""
+        t0 = time.monotonic()
+        log.info("loading the model (%s) before taking jobs", model_name(self.settings))
+        try:
+            engine = self._factory(self.settings, lambda message: None)
+        except Exception as exc:  # noqa: BLE001 - every load failure becomes model_load_failed
+            raise self._failed(exc)[0] from exc
+        self._ready(engine, t0)
 
     async def _load(self):
         t0 = time.monotonic()
@@ -157,13 +174,22 @@ class EngineLoader:
         try:
             engine = await asyncio.to_thread(self._factory, self.settings, stage)
         except Exception as exc:  # noqa: BLE001 - every load failure becomes model_load_failed
-            err = JobError.from_exception(exc)
-            code_ok = err.code == "model_load_failed"
-            message = err.message if code_ok else f"{type(exc).__name__}: {exc}"
-            self._error = JobError("model_load_failed", message, retryable=False)
-            log.error("model load failed: %s", message, exc_info=not code_ok)
+            error, expected = self._failed(exc)
+            log.error("model load failed: %s", error.message, exc_info=not expected)
             self._on_failure("the model could not be loaded")
-            raise self._error from exc
+            raise error from exc
+        return self._ready(engine, t0)
+
+    def _failed(self, exc: Exception) -> tuple[JobError, bool]:
+        """The load's failure as the jobs see it: model_load_failed, retryable (this worker asks
+        to be replaced; another may load); and whether it was one of the engine's own refusals."""
+        err = JobError.from_exception(exc)
+        expected = err.code in ("model_load_failed", "invalid_input")
+        message = err.message if expected else f"{type(exc).__name__}: {exc}"
+        self._error = JobError("model_load_failed", message, retryable=True)
+        return self._error, expected
+
+    def _ready(self, engine, t0: float):
         self.engine = engine
         seconds = time.monotonic() - t0
         self.metrics.load_seconds.set(seconds)
@@ -172,10 +198,19 @@ class EngineLoader:
         log.info("engine ready in %.1fs: %s, max_model_len %d, %d KV blocks of %d tokens (%d tokens)",
                  seconds, engine.model_name, engine.max_model_len, stats["kv_blocks_total"],
                  stats["kv_block_size"], engine.kv_capacity_tokens)
-        if self.settings.metrics_log_interval_s:
-            interval = self.settings.metrics_log_interval_s
-            self._summary_task = asyncio.get_running_loop().create_task(self.metrics.log_every(interval))
+        self.start_summary()
         return engine
+
+    def start_summary(self) -> None:
+        """The periodic metrics summary line, once an event loop runs (METRICS_LOG_INTERVAL_S)."""
+        interval = self.settings.metrics_log_interval_s
+        if self._summary_task is not None or not interval:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # loaded before the SDK's loop: the first job starts it
+            return
+        self._summary_task = loop.create_task(self.metrics.log_every(interval))
 
     def _send_progress(self, ctx, payload: dict) -> None:
         waited = payload.get("waited_s", 0)

@@ -1,12 +1,14 @@
 """A job's `input` read into a JobSpec, whichever form it takes: worker-vllm's native one
 (handler.native.input), the OpenAI one (`openai_route` + `openai_input`: handler.openai),
 or worker-vllm's generic `route` + `body` read as the OpenAI one; then the size limits
-(handler.job.limits). Every refusal is invalid_input naming the field as the job sent it."""
+(handler.job.limits) and what the job may cost (handler.job.costs). Every refusal is
+invalid_input naming the field as the job sent it."""
 from __future__ import annotations
 
 from typing import Any
 
 from handler.errors import JobError, invalid
+from handler.job.costs import check_job_cost
 from handler.job.limits import check_limits, precheck_counts
 from handler.job.schema import ROUTES, JobSpec, new_spec
 from handler.native.input import parse_native_request
@@ -29,6 +31,7 @@ def parse_job_input(job_input: Any, settings: Any) -> JobSpec:
     else:
         parse_native_request(job_input, spec)
     check_limits(spec, job_input, settings)
+    check_job_cost(spec, settings)
     return spec
 
 

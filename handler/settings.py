@@ -112,6 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
        choices=("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"), group="model"),
     _s("MAX_MODEL_LEN", "int", None, "Context length (prompt + output tokens); unset: the model's.", minimum=2,
        group="model"),
+    _s("ALLOW_LONG_MAX_MODEL_LEN", "bool", False, "Let MAX_MODEL_LEN exceed the model's positions "
+       "(config.json's max_position_embeddings, with its rope scaling), with a warning (vLLM's "
+       "VLLM_ALLOW_LONG_MAX_MODEL_LEN); false: such a MAX_MODEL_LEN stops the worker at start (with MODEL_NAME; "
+       "the default model's jobs fail model_load_failed).", group="model"),
     _s("GPU_MEMORY_UTILIZATION", "float", 0.9, "Fraction of GPU memory the engine may fill: weights, the profiled "
        "peak of a full-budget step, CUDA graphs, and the KV cache gets the rest.",
        minimum=0, exclusive_minimum=True, maximum=1, group="model"),
@@ -163,8 +167,10 @@ SETTINGS: tuple[Setting, ...] = (
        "chunk when every layer slides).", minimum=0),
     _s("DEFAULT_MAX_TOKENS", "int", 4096, "Cap on output tokens when a job gives no max_tokens (it gets as many as fit "
        "the context, up to this; reaching it is reported as truncated, never silent).", minimum=1),
-    _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's text: the prompt, the messages' contents "
-       "together, or the document to summarize (a token-id prompt: most ids); more fails invalid_input.", minimum=1),
+    _s("MAX_INPUT_CHARS", "int", 1_000_000, "Most characters of a job's input, together: the prompt (a token-id "
+       "prompt: ids) or the messages' contents, the tool definitions and the assistant messages' tool calls (their "
+       "JSON's strings and keys), the `bad_words`; or the document to summarize. More fails invalid_input naming the "
+       "largest of them.", minimum=1),
     _s("SUMMARIZE_CONTEXT_TOKENS", "int", 0, "Most tokens of one engine call of a `summarize` job (prompt + "
        "summary); a longer document is summarized in parts (map-reduce). 0: the engine's longest request. On the "
        "CPU a lower value (e.g. 2048, one engine step there) bounds how long a short document arriving mid-run "
@@ -172,18 +178,28 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SUMMARIZE_SPECULATION", "bool", True, "`summarize` jobs decode with n-gram speculation (prompt lookup: a "
        "summary reuses its document's words, so several tokens are accepted a step at low concurrency; the text is "
        "the same). False: they decode one token a step (or as SPECULATIVE_CONFIG says for every job, when set)."),
+    _s("MAX_BAD_WORDS", "int", 256, "Most words in one job's `bad_words` (each is tokenized twice, as vLLM "
+       "does); more fails invalid_input. Their characters count toward MAX_INPUT_CHARS.", minimum=1),
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),
     _s("MAX_OUTPUT_TOKENS", "int", 32768, "Most output tokens a job may ask for (max_tokens, max_completion_tokens, "
        "summarize.max_tokens); more fails invalid_input. Also caps DEFAULT_MAX_TOKENS.", minimum=1),
+    _s("MAX_JOB_TOKENS", "int", 65536, "Most output tokens one job may ask for across its choices: n (or "
+       "best_of) times max_tokens; more fails invalid_input naming n (or max_tokens). A job with no max_tokens "
+       "gets what fits this (and MAX_RESPONSE_MB), reported as truncated when reached.", minimum=1),
+    _s("MAX_RESPONSE_MB", "float", 16.0, "Most megabytes of a job's response, estimated before it runs from its "
+       "choices, max_tokens, logprobs and echo (about 16 bytes a token, 96 a logprob entry); more fails "
+       "invalid_input naming the field that grows it (logprobs, n, max_tokens).", minimum=0,
+       exclusive_minimum=True),
     _s("MAX_STOP_STRINGS", "int", 256, "Most stop strings in one job (`stop`); more fails invalid_input.", minimum=1),
     _s("MAX_STOP_CHARS", "int", 16384, "Most characters of a job's stop strings together; more fails invalid_input.",
        minimum=1),
     _s("MAX_STOP_TOKEN_IDS", "int", 1024, "Most stop token ids in one job (`stop_token_ids`); more fails "
        "invalid_input.", minimum=1),
     _s("JOB_TIMEOUT_S", "float", 0.0, "Deadline of a job without its own timeout_s; 0: none.", minimum=0),
-    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job still waiting in the engine's queue (no step has run any of it) this "
-       "many seconds after it reached the engine fails `overloaded` (retryable), so a router can send it "
-       "elsewhere; a long prefill does not count; 0: off.", minimum=0),
+    _s("QUEUE_TIMEOUT_S", "float", 0.0, "A job still waiting this many seconds after it reached the worker, for "
+       "room in the KV cache for all its choices or in the engine's queue with none of it running (also after a "
+       "preemption), fails `overloaded` (retryable), so a router can send it elsewhere; a long prefill does not "
+       "count; 0: off.", minimum=0),
     _s("DRAIN_TIMEOUT_S", "float", 4.0, "Seconds from SIGTERM (or the stop after a refresh) until the jobs still "
        "running fail `worker_shutdown` (retryable, with their partial text) and the worker exits: a little under "
        "the 5 s from SIGTERM to SIGKILL, the one window RunPod's docs state (for interruptible pods; none is "
@@ -222,6 +238,14 @@ SETTINGS: tuple[Setting, ...] = (
        exclusive_minimum=True),
     _s("LOAD_PROGRESS_INTERVAL_S", "float", 5.0, "Seconds between progress updates of jobs waiting for the model "
        "load.", minimum=0, exclusive_minimum=True),
+    _s("SERVE_MAX_QUEUED_JOBS", "int", 10_000, "`--serve` (the local endpoint): most jobs waiting in its queue; "
+       "past it /run and /runsync answer 429.", minimum=1),
+    _s("SERVE_MAX_RETAINED_MB", "float", 1024.0, "`--serve`: most megabytes of job inputs and results it keeps "
+       "(a finished job's input is let go at once); past it the oldest finished jobs are forgotten before their "
+       "retention ends, and a job whose input the unfinished ones leave no room for is answered 429.",
+       minimum=0, exclusive_minimum=True),
+    _s("SERVE_BODY_TIMEOUT_S", "float", 30.0, "`--serve`: seconds a request's body may take to arrive; a slower "
+       "one is answered 408 and its connection closed.", minimum=0, exclusive_minimum=True),
     _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port (`/metrics`, for pods); unset: not "
        "served.", minimum=1, maximum=65535),
     _s("METRICS_HOST", "str", "127.0.0.1", "Address the METRICS_PORT server binds: 127.0.0.1 keeps the metrics "

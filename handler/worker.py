@@ -12,6 +12,7 @@ from typing import Any
 
 from handler.engine_setup import EngineLoader, build_engine, model_label
 from handler.errors import JobError, error_item, invalid
+from handler.job.admission import KVAdmission
 from handler.job.context import JobContext, job_finished
 from handler.job.requests import JobRequests, job_prompt
 from handler.job_input import parse_job_input
@@ -42,6 +43,7 @@ class Worker:
         self.cache = ResultCache(settings.result_cache_size, settings.result_cache_ttl_s)
         # SIGTERM's drain: the SDK loop (handler.runpod_loop.scaler) starts and ends it, each job registers
         self.drain = Drain(settings.drain_timeout_s, self._abort_request)
+        self.admission = KVAdmission()  # engine requests enter when the KV blocks they may hold fit
         self.loader = EngineLoader(settings, engine_factory or build_engine, self.metrics, progress=progress,
                                    on_failure=self._request_refresh)
 
@@ -74,7 +76,9 @@ class Worker:
             self.metrics.engine_state(stats)
             per_job_tokens = self.settings.job_kv_tokens or engine.request_kv_tokens
             per_job = max(1, math.ceil(per_job_tokens / stats["kv_block_size"]))
-            fits = self.in_flight + stats["kv_blocks_free"] // per_job
+            # blocks admitted to requests may not be allocated yet: count them as taken
+            free = min(stats["kv_blocks_free"], stats["kv_blocks_total"] - self.admission.reserved)
+            fits = self.in_flight + max(0, free) // per_job
             value = max(1, min(cap, fits))
             if self.in_flight and not (value < current and stats["num_waiting"] > 0):
                 value = current
@@ -158,9 +162,11 @@ class Worker:
         engine = self.engine
         if engine is None:  # loading: a job waiting for it ends at the drain's deadline too
             engine = await unless_expired(live, self.drain, self.loader.get(ctx))
+        else:
+            self.loader.start_summary()  # loaded at start, before the SDK's event loop ran
         spec = ctx.spec
         # the job's view of the engine records its request ids, for the drain's aborts
-        run = JobRequests(ctx, JobEngine(engine, self.drain, live), spec, self.settings)
+        run = JobRequests(ctx, JobEngine(engine, self.drain, live), spec, self.settings, self.admission)
         if spec.route == "summarize":
             items = summarize_items(run)
         else:

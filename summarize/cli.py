@@ -7,6 +7,8 @@ import asyncio
 import logging
 import sys
 
+from summarize.names import shown
+
 log = logging.getLogger("summarize")
 
 EPILOG = """\
@@ -18,7 +20,8 @@ address.
 
 Exit status: 0 every document done; 1 some document failed and a rerun retries it; 3 every document
 that can be read is done, but some can never succeed as they are (empty, binary, not UTF-8, a bad
-JSONL record, a repeated name, a link out of the folder: fix or remove them, or pass
+JSONL record, a repeated name, a link out of the folder, not a regular file such as a FIFO or a
+device, larger than --max-file-bytes: fix or remove them, or pass
 --skip-unreadable, which leaves them out and exits 0); 2 the run could not start; 130 interrupted.
 """
 EXIT_FAILED = 1  # a document failed; a rerun retries it
@@ -41,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                    help='files, folders (read recursively) or .jsonl files of {"id", "text"} records')
     p.add_argument("--follow-links", action="store_true", help="in a folder, also read symbolic links that lead "
                    "out of it (default: such a link is a failed document)")
+    p.add_argument("--max-file-bytes", type=_positive(int), default=None, metavar="N",
+                   help="a file larger than this is not read: a failed line (default 256 MiB)")
     p.add_argument("--skip-unreadable", action="store_true", help="leave out documents that can never succeed "
                    "as they are (empty, binary, undecodable, ...): no line in --out, exit 0 (default: a failed "
                    "line each, exit 3)")
@@ -104,29 +109,30 @@ def _main(args: argparse.Namespace) -> int:
 
     from handler.logs import configure_logging
     from handler.settings import SettingsError
-    from summarize.inputs import InputError, collect
+    from summarize.inputs import MAX_FILE_BYTES, InputError, collect
     from summarize.report import closing_summary, markdown_report
     from summarize.runner import Batch, FatalError, Options
     from summarize.store import ResultStore, StoreError, write_atomic
 
     configure_logging("info" if args.verbose else "warning")
 
-    def notify(message: str) -> None:
-        tqdm.write(f"summarize: {message}", file=sys.stderr)
+    def notify(message: str) -> None:  # one line, whatever the names in it hold
+        tqdm.write(f"summarize: {shown(message)}", file=sys.stderr)
 
     def fail(message: str) -> int:
-        sys.stderr.write(f"summarize: error: {message}\n")
+        sys.stderr.write(f"summarize: error: {shown(message)}\n")
         return 2
 
     options = Options(style=args.style, instructions=args.instructions, max_summary_tokens=args.max_summary_tokens,
                       concurrency=args.concurrency, retries=max(0, args.retries), backoff_s=max(0.0, args.backoff))
     try:
-        docs = collect(args.inputs, exclude=[args.out, args.report], follow_links=args.follow_links)
+        docs = collect(args.inputs, exclude=[args.out, args.report], follow_links=args.follow_links,
+                       max_file_bytes=args.max_file_bytes or MAX_FILE_BYTES)
     except InputError as exc:
         return fail(str(exc))
-    skipped = [d for d in docs if d.error is not None] if args.skip_unreadable else []
+    skipped = [d for d in docs if _never(d)] if args.skip_unreadable else []
     if skipped:
-        docs = [d for d in docs if d.error is None]
+        docs = [d for d in docs if not _never(d)]
         notify(f"left out {len(skipped)} documents that cannot be read (--skip-unreadable): " + ", ".join(
             f"{d.doc} ({d.error['code']})" for d in skipped[:10]) + (", ..." if len(skipped) > 10 else ""))
     if not docs:
@@ -180,11 +186,16 @@ def _main(args: argparse.Namespace) -> int:
     return rc or _exit_status(docs, failed)
 
 
+def _never(doc) -> bool:
+    """A document that can never succeed as it is (a file that changed while read can, rerun)."""
+    return doc.error is not None and not doc.error.get("retryable")
+
+
 def _exit_status(docs, failed: list[dict]) -> int:
     """0 none failed; EXIT_UNREADABLE when every failure is a document that could not be read."""
     if not failed:
         return 0
-    unreadable = {d.doc for d in docs if d.error is not None}
+    unreadable = {d.doc for d in docs if _never(d)}
     if all(line["doc"] in unreadable for line in failed):
         print(f"  {len(failed)} documents can never succeed as they are (exit status {EXIT_UNREADABLE}); "
               "--skip-unreadable leaves them out", flush=True)

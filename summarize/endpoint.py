@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from summarize.inputs import Document
+from summarize.names import shown
 from summarize.runner import Attempt, FatalError
 
 log = logging.getLogger("summarize")
@@ -97,7 +98,7 @@ class EndpointRunner:
             try:
                 job = await asyncio.wait_for(submitted, 15)
             except Exception as exc:  # noqa: BLE001 - no job was made, or its id never came back
-                log.warning("%s: interrupted while submitting (%s: %s)", doc.doc, type(exc).__name__, exc)
+                log.warning("%s: interrupted while submitting (%s: %s)", shown(doc.doc), type(exc).__name__, exc)
             else:
                 await self._cancel(job)
             raise

@@ -1,6 +1,7 @@
 """The documents of a summarize run: files, folders (recursively; links out of a folder only
 with --follow-links) and JSONL files of {"id", "text"}, each read once and hashed; unreadable
-ones carry the reason they fail."""
+ones carry the reason they fail. Only regular files are read (a FIFO would block, a device never
+end), up to --max-file-bytes, and a file that changes while it is read is reported."""
 from __future__ import annotations
 
 import codecs
@@ -8,11 +9,13 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 
 log = logging.getLogger("summarize")
 
 BINARY_SNIFF_BYTES = 8192
+MAX_FILE_BYTES = 256 * 1024 * 1024  # --max-file-bytes' default: far past any text a summary reads well
 
 
 @dataclass(slots=True)
@@ -34,8 +37,8 @@ class InputError(ValueError):
     """An INPUT argument that is not there: the run does not start."""
 
 
-def _fail(code: str, message: str) -> dict:
-    return {"code": code, "message": message, "retryable": False}
+def _fail(code: str, message: str, retryable: bool = False) -> dict:
+    return {"code": code, "message": message, "retryable": retryable}
 
 
 def decode_text(data: bytes) -> tuple[str | None, dict | None]:
@@ -71,23 +74,61 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_file(path: str) -> Document:
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read_bounded(f, limit: int) -> bytes:
+    """At most limit + 1 bytes of the open file (one more than allowed tells it is too large)."""
+    return f.read(limit + 1)
+
+
+def read_bytes(path: str, max_bytes: int = MAX_FILE_BYTES) -> tuple[bytes | None, dict | None]:
+    """A regular file's bytes, or why they are not read: not a regular file (a FIFO, a device, a
+    socket: checked on the open file, which is opened without blocking), larger than `max_bytes`,
+    unreadable, or changed while it was read (retryable: a rerun reads it again)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
-        return Document(path, path, "", error=_fail("unreadable", f"cannot read the file: {exc.strerror or exc}"))
+        return None, _fail("unreadable", f"cannot read the file: {exc.strerror or exc}")
+    with os.fdopen(fd, "rb") as f:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            return None, _fail("not_a_regular_file", f"{_kind(before.st_mode)}, not a regular file: not read")
+        too_large = _fail("file_too_large", f"{before.st_size:,} bytes, more than --max-file-bytes ({max_bytes:,})")
+        if before.st_size > max_bytes:
+            return None, too_large
+        try:
+            data = _read_bounded(f, max_bytes)
+        except OSError as exc:
+            return None, _fail("unreadable", f"cannot read the file: {exc.strerror or exc}")
+        after = os.fstat(fd)
+    if len(data) > max_bytes:
+        return None, too_large
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or len(data) != after.st_size:
+        return None, _fail("changed_while_read", f"the file changed while it was read ({before.st_size:,} bytes, "
+                           f"then {after.st_size:,}): rerun when it is complete", retryable=True)
+    return data, None
+
+
+def read_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> Document:
+    data, error = read_bytes(path, max_bytes)
+    if error is not None:
+        return Document(path, path, "", error=error)
     text, error = decode_text(data)
     return Document(path, path, _sha(data), text, error)
 
 
-def read_jsonl(path: str) -> list[Document]:
+def read_jsonl(path: str, max_bytes: int = MAX_FILE_BYTES) -> list[Document]:
     """One document per non-blank line; a bad line is a failed document named `path:LINE`."""
-    try:
-        with open(path, "rb") as f:
-            raw_lines = f.read().splitlines()
-    except OSError as exc:
-        return [Document(path, path, "", error=_fail("unreadable", f"cannot read the file: {exc.strerror or exc}"))]
+    data, error = read_bytes(path, max_bytes)
+    if error is not None:
+        return [Document(path, path, "", error=error)]
+    raw_lines = data.splitlines()
     docs = []
     for n, raw in enumerate(raw_lines, 1):
         if not raw.strip():
@@ -156,11 +197,12 @@ def _walk(folder: str, exclude: set[str], follow_links: bool) -> tuple[list[str]
     return found, refused, hidden
 
 
-def collect(inputs: list[str], exclude: list[str] = (), follow_links: bool = False) -> list[Document]:
+def collect(inputs: list[str], exclude: list[str] = (), follow_links: bool = False,
+            max_file_bytes: int = MAX_FILE_BYTES) -> list[Document]:
     """The documents of INPUT arguments, in order. `exclude`: files never read (the run's
     own results and report). In a folder, links out of it are failed documents unless
-    `follow_links` (an INPUT argument that is itself a link is read). Raises InputError
-    for an argument that does not exist."""
+    `follow_links` (an INPUT argument that is itself a link is read). A file larger than
+    `max_file_bytes` is a failed document. Raises InputError for an argument that does not exist."""
     skip = {os.path.realpath(p) for p in exclude if p}
     docs: list[Document] = []
     for arg in inputs:
@@ -174,7 +216,8 @@ def collect(inputs: list[str], exclude: list[str] = (), follow_links: bool = Fal
         else:
             raise InputError(f"{arg}: no such file or folder")
         for path in files:
-            docs.extend(read_jsonl(path) if path.endswith(".jsonl") else [read_file(path)])
+            docs.extend(read_jsonl(path, max_file_bytes) if path.endswith(".jsonl")
+                        else [read_file(path, max_file_bytes)])
         docs.extend(refused)
     return _unique(docs)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from summarize.inputs import Document
+from summarize.names import markdown, shown
 from summarize.runner import RunStats
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _tokens(line: dict) -> int:
@@ -30,7 +29,7 @@ def markdown_report(docs: list[Document], lines: dict, stats: RunStats, runner: 
     out += ["| Document | Status | Chunks | Tokens | Note |", "| --- | --- | --- | --- | --- |"]
     for d, line in rows:
         if line is None:
-            out.append(f"| {_cell(d.doc)} | not finished | | | |")
+            out.append(f"| {markdown(d.doc)} | not finished | | | |")
             continue
         note = ""
         if line["status"] == "failed":
@@ -39,15 +38,15 @@ def markdown_report(docs: list[Document], lines: dict, stats: RunStats, runner: 
             note = "retried after " + ", ".join(line["retried_after"])
         if line["status"] == "truncated":
             note = (note + "; " if note else "") + "summary cut at its token limit"
-        out.append(f"| {_cell(d.doc)} | {line['status']} | {line.get('chunks') or ''} | {_tokens(line) or ''} | "
-                   f"{_cell(note[:160])} |")
+        out.append(f"| {markdown(d.doc)} | {line['status']} | {line.get('chunks') or ''} | {_tokens(line) or ''} | "
+                   f"{markdown(note[:160])} |")
     for d, line in rows:
-        out += ["", f"## {d.doc}", ""]
+        out += ["", f"## {markdown(d.doc)}", ""]
         if line is None:
             out.append("*Not finished: the run was interrupted before this document.*")
         elif line["status"] == "failed":
             err = line["error"]
-            out.append(f"**Failed** ({err['code']}): {err.get('message', '')}")
+            out.append(f"**Failed** ({err['code']}): {markdown(err.get('message', ''))}")
         else:
             meta = f"{line['status']}, {line.get('chunks', 1)} chunk{'s' if line.get('chunks', 1) != 1 else ''}, " \
                    f"{_tokens(line)} tokens"
@@ -71,6 +70,7 @@ def closing_summary(stats: RunStats, runner: str, out_path: str, report_path: st
         left = stats.total - stats.skipped - stats.finished
         lines.append(f"  interrupted: {left} documents not finished; rerun the same command to resume")
     for line in failed:
-        lines.append(f"  failed: {line['doc']}: {line['error']['code']}: {line['error'].get('message', '')[:200]}")
+        error = line["error"]
+        lines.append(f"  failed: {shown(line['doc'])}: {shown(error['code'])}: {shown(error.get('message', '')[:200])}")
     lines.append(f"  results: {out_path}" + (f"; report: {report_path}" if report_path else ""))
     return "\n".join(lines)

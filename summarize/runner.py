@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from handler.job.choices import is_truncated
 from handler.summarize import core
 from summarize.inputs import Document
+from summarize.names import shown
 from summarize.store import ResultStore
 
 log = logging.getLogger("summarize")
@@ -168,10 +169,10 @@ def done_message(line: dict) -> str:
     """The one line printed when a document ends."""
     if line["status"] == "failed":
         err = line["error"]
-        return f"{line['doc']}: failed: {err['code']}: {err.get('message', '')}"
+        return f"{shown(line['doc'])}: failed: {shown(err['code'])}: {shown(err.get('message', ''))}"
     chunks = line.get("chunks", 1)
     took = f", {line['seconds']:.1f}s" if line.get("seconds") is not None else ""
-    return (f"{line['doc']}: {line['status']} ({chunks} chunk{'s' if chunks != 1 else ''}, "
+    return (f"{shown(line['doc'])}: {line['status']} ({chunks} chunk{'s' if chunks != 1 else ''}, "
             f"{line['usage']['total_tokens']} tokens{took})")
 
 
@@ -264,7 +265,7 @@ class Batch:
             except (FatalError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # noqa: BLE001 - a client bug fails this document, with the reason
-                log.exception("%s: the attempt failed in the client", doc.doc)
+                log.exception("%s: the attempt failed in the client", shown(doc.doc))
                 a = Attempt("FAILED", error={"code": "client_error", "message": f"{type(exc).__name__}: {exc}",
                                              "retryable": False})
             if a.gpu_seconds is not None:
@@ -280,7 +281,7 @@ class Batch:
                 return self._line(doc, error=error, **extra)
             delay = backoff_delay(self.options.backoff_s, n)
             self.stats.retries += 1
-            self.notify(f"{doc.doc}: {error['code']} ({error.get('message', '')[:120]}); retry {n} of "
+            self.notify(f"{shown(doc.doc)}: {error['code']} ({shown(error.get('message', '')[:120])}); retry {n} of "
                         f"{self.options.retries} in {delay:.1f}s")
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")

@@ -12,7 +12,7 @@ import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.errors import ModelLoadError
 from engine.model import registry
-from engine.model.spec import ModelSpec
+from engine.model.spec import ModelSpec, check_spec
 from engine.quant import quant_from_config
 
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
@@ -101,6 +101,7 @@ def read_model_spec(path: str, quantization: str | None = None) -> ModelSpec:
         raise ModelLoadError(f"config.json at {path!r} could not be read: {exc}") from exc
     archs = list(getattr(cfg, "architectures", None) or [])
     spec = registry.model_class(archs[0] if archs else None).spec_from_config(cfg)
+    check_spec(spec)
     spec.quant = quant_from_config(cfg, quantization)
     return spec
 

@@ -2,10 +2,11 @@
 architecture), and what tensor parallelism must split evenly (TPSplit)."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from engine.errors import UnsupportedModelError
+from engine.errors import InvalidInputError, ModelLoadError, UnsupportedModelError
 from engine.model.layers.rotary import ROPE_TYPES
 from engine.quant import QuantMethod
 
@@ -50,6 +51,45 @@ class ModelSpec:
     def quant_group_size(self) -> int | None:
         """The quantization's group size (None: dense, or a method without groups)."""
         return getattr(self.quant, "group_size", None)
+
+
+# config.json sizes a checkpoint may declare (name in the config, ModelSpec field, most): past
+# them a config is malformed, and the buffers sized from it (rope caches) could not be allocated
+SPEC_LIMITS = (("vocab_size", "vocab_size", 1 << 22), ("hidden_size", "hidden_size", 1 << 17),
+               ("intermediate_size", "intermediate_size", 1 << 20), ("num_hidden_layers", "num_layers", 1 << 12),
+               ("num_attention_heads", "num_heads", 1 << 12), ("num_key_value_heads", "num_kv_heads", 1 << 12),
+               ("head_dim", "head_dim", 1 << 12), ("max_position_embeddings", "max_position_embeddings", 1 << 24))
+
+
+def check_spec(spec: ModelSpec) -> None:
+    """ModelLoadError naming the config.json field whose value is out of range."""
+    for name, attr, most in SPEC_LIMITS:
+        value = getattr(spec, attr)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ModelLoadError(f"config.json: {name}={value!r} is out of range (an integer in [1, {most}])")
+
+
+def context_length(spec: ModelSpec, asked: int | None, allow_long: bool) -> int:
+    """The engine's max_model_len: `asked`, or the model's positions (vLLM's derivation: times the
+    rope factor for the scalings that do not write the extended length into the config). Asking
+    for more positions than the model has fails InvalidInputError naming max_model_len, unless
+    `allow_long` (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN): then a warning."""
+    scaling = spec.rope_scaling or {}
+    limit = spec.max_position_embeddings
+    if scaling.get("rope_type") not in (None, "default", "longrope", "llama3") and scaling.get("factor"):
+        if scaling["rope_type"] == "yarn":
+            limit = int(scaling.get("original_max_position_embeddings") or limit)
+        limit = int(limit * float(scaling["factor"]))
+    if asked is None:
+        return spec.max_position_embeddings
+    if asked > limit:
+        if not allow_long:
+            raise InvalidInputError(f"max_model_len {asked} is more than the model's {limit} positions (config.json "
+                                    "max_position_embeddings, with its rope scaling): outputs past them are "
+                                    "garbage (allow_long_max_model_len=True runs it anyway)", field="max_model_len")
+        logging.getLogger(__name__).warning("max_model_len %d is more than the model's %d positions: outputs past "
+                                            "them may be garbage", asked, limit)
+    return asked
 
 
 class TPSplit(NamedTuple):

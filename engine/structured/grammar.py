@@ -1,6 +1,7 @@
 """StructuredOutputsParams compiled by llguidance against one model's tokenizer, once per
 distinct spec (an LRU cache), and the per-sequence matchers made from them. A spec
-llguidance cannot compile raises InvalidInputError naming structured_outputs, before the
+llguidance cannot compile, or whose first tokens already pass its parser's limits (a schema of
+too many live alternatives), raises InvalidInputError naming structured_outputs, before the
 request is queued."""
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine.structured.params import FIELD, StructuredOutputsParams
 # so a model cannot loop on whitespace until max_tokens (a deep, indented document fits)
 JSON_WHITESPACE = r"[\x20\x09]{0,8}(\r?\n[\x20\x09]{0,48})?"
 CACHE_SIZE = 256
+PROBE_TOKENS = 24  # tokens of the probe walk through a new grammar (about 1 ms each on a 150k vocabulary)
 
 
 def _no_additional_properties(schema):
@@ -127,4 +129,32 @@ class GrammarCompiler:
         error = error or grammar.error
         if error:
             raise InvalidInputError(f"{FIELD}: the {params.kind} cannot be compiled: {error.strip()}", field=FIELD)
+        error = probe(grammar, self.eos_token_ids)
+        if error:
+            raise InvalidInputError(f"{FIELD}: the {params.kind} is too complex to enforce (its parser's limits "
+                                    f"are passed within its first tokens): {error.strip()[:300]}", field=FIELD)
         return grammar
+
+
+def probe(grammar: Grammar, eos_token_ids) -> str | None:
+    """Walk a copy of the grammar's matcher PROBE_TOKENS tokens, each the lowest id it allows (not
+    an end token while another is allowed): the parser error a generation would meet there (the
+    Earley row limit of a schema with many live alternatives), or None. A schema that only passes
+    the limits deeper in is still caught by the generation itself."""
+    import numpy as np
+
+    matcher = grammar.matcher()
+    eos = set(eos_token_ids)
+    for _ in range(PROBE_TOKENS):
+        if matcher.is_stopped():
+            return None
+        allowed = np.flatnonzero(np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8),
+                                               bitorder="little"))
+        if matcher.is_error():
+            return matcher.get_error()
+        token = next((int(t) for t in allowed if int(t) not in eos), None)
+        if token is None:
+            return None
+        if not matcher.consume_token(token):
+            return matcher.get_error() if matcher.is_error() else None
+    return None

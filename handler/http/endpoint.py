@@ -15,7 +15,7 @@ class LocalEndpoint:
 
     def __init__(self, worker, store: JobStore | None = None):
         self.worker = worker
-        self.store = store or JobStore()
+        self.store = store or JobStore.for_settings(worker.settings)
         self.queue = JobQueue(self.store, worker.handle, worker.concurrency_modifier)
 
     async def start(self) -> None:
@@ -25,8 +25,9 @@ class LocalEndpoint:
         await self.queue.close()
         await self.worker.aclose()
 
-    def submit(self, job_input: Any, *, sync: bool = False) -> Job:
-        job = self.store.new(job_input, sync=sync)
+    def submit(self, job_input: Any, *, sync: bool = False, size: int = 0) -> Job:
+        """A new job (`size`: its body's bytes); handler.http.jobs.StoreFull past the endpoint's bounds."""
+        job = self.store.new(job_input, sync=sync, size=size)
         self.queue.submit(job)
         return job
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from handler.http.endpoint import LocalEndpoint
 from handler.http.jobs import COMPLETED, FAILED, FINAL, Job
-from handler.http.rest import ENDPOINT, MAX_RUNSYNC_BODY, dumps, read_json, reply
+from handler.http.rest import ENDPOINT, MAX_RUNSYNC_BODY, body_timeout, dumps, read_json, reply
 
 log = logging.getLogger("handler.http")
 
@@ -90,9 +90,12 @@ async def stream_reply(endpoint: LocalEndpoint, job: Job, request: web.Request) 
 def openai_routes(endpoint: LocalEndpoint) -> list[web.RouteDef]:
     """The /openai/v1 routes of `endpoint`."""
 
-    async def run(request: web.Request, route: str, body: Any) -> web.StreamResponse:
+    timeout = body_timeout(endpoint)
+
+    async def run(request: web.Request, route: str, sized: tuple[Any, int] | None) -> web.StreamResponse:
+        body, size = sized or (None, 0)
         job_input = {"openai_route": route} if body is None else {"openai_route": route, "openai_input": body}
-        job = endpoint.submit(job_input, sync=True)
+        job = endpoint.submit(job_input, sync=True, size=size)
         if isinstance(body, dict) and body.get("stream") is True:
             return await stream_reply(endpoint, job, request)
         await endpoint.wait_final(job)
@@ -101,13 +104,13 @@ def openai_routes(endpoint: LocalEndpoint) -> list[web.RouteDef]:
         return reply(job.output[-1] if len(job.output) == 1 else job.output)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        return await run(request, "/v1/chat/completions", await read_json(request, MAX_RUNSYNC_BODY))
+        return await run(request, "/v1/chat/completions", await read_json(request, MAX_RUNSYNC_BODY, timeout))
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        return await run(request, "/v1/completions", await read_json(request, MAX_RUNSYNC_BODY))
+        return await run(request, "/v1/completions", await read_json(request, MAX_RUNSYNC_BODY, timeout))
 
     async def responses(request: web.Request) -> web.StreamResponse:
-        return await run(request, "/v1/responses", await read_json(request, MAX_RUNSYNC_BODY))
+        return await run(request, "/v1/responses", await read_json(request, MAX_RUNSYNC_BODY, timeout))
 
     async def models(request: web.Request) -> web.StreamResponse:
         return await run(request, "/v1/models", None)

@@ -5,6 +5,7 @@ an id that is unknown or past its retention, /runsync's `?wait=` (ms, 1000-30000
 90000) after which it answers the job's state for the client to poll."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -33,28 +34,43 @@ def error(status: int, message: str) -> web.Response:
     return reply({"error": message}, status)
 
 
-async def read_json(request: web.Request, limit: int) -> Any:
-    """The request's JSON body (a bad one: web.HTTPException with RunPod's `{"error"}` body)."""
-    body = await request.read()
+DEFAULT_BODY_TIMEOUT_S = 30.0
+
+
+async def read_json(request: web.Request, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_S) -> tuple[Any, int]:
+    """The request's JSON body and its size in bytes (a bad one, or one slower than `timeout`
+    seconds to arrive: web.HTTPException with RunPod's `{"error"}` body)."""
+    try:
+        body = await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=dumps({"error": f"the request's body did not arrive within {timeout:g}s "
+                                                          "(SERVE_BODY_TIMEOUT_S)"}),
+                                     content_type="application/json", headers={"Connection": "close"}) from None
     if len(body) > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body), text=dumps(
             {"error": f"payload too large ({limit // (1024 * 1024)} MB at most)"}), content_type="application/json")
     try:
-        return json.loads(body or b"{}")
+        return json.loads(body or b"{}"), len(body)
     except (ValueError, RecursionError) as exc:
         raise web.HTTPBadRequest(text=dumps({"error": f"the body is not JSON: {exc}"}),
                                  content_type="application/json") from None
 
 
-async def job_input(request: web.Request, limit: int) -> Any:
-    payload = await read_json(request, limit)
+def body_timeout(endpoint: LocalEndpoint) -> float:
+    """SERVE_BODY_TIMEOUT_S of the endpoint's worker."""
+    return getattr(endpoint.worker.settings, "serve_body_timeout_s", None) or DEFAULT_BODY_TIMEOUT_S
+
+
+async def job_input(request: web.Request, limit: int, timeout: float) -> tuple[Any, int]:
+    """The body's `input` and the body's size in bytes."""
+    payload, size = await read_json(request, limit, timeout)
     if not isinstance(payload, dict) or "input" not in payload:
         raise web.HTTPBadRequest(text=dumps({"error": 'the body must be a JSON object with "input"'}),
                                  content_type="application/json")
     for key in ("webhook", "policy", "s3Config"):
         if key in payload:
             log.warning("%s is not supported by the local endpoint and was ignored", key)
-    return payload["input"]
+    return payload["input"], size
 
 
 def runsync_wait_s(request: web.Request) -> float:
@@ -71,13 +87,17 @@ def runsync_wait_s(request: web.Request) -> float:
 def rest_routes(endpoint: LocalEndpoint) -> list[web.RouteDef]:
     """The /v2 routes of `endpoint`."""
 
+    timeout = body_timeout(endpoint)
+
     async def run(request: web.Request) -> web.Response:
-        job = endpoint.submit(await job_input(request, MAX_RUN_BODY))
+        body, size = await job_input(request, MAX_RUN_BODY, timeout)
+        job = endpoint.submit(body, size=size)
         return reply({"id": job.id, "status": IN_QUEUE})
 
     async def runsync(request: web.Request) -> web.Response:
         wait = runsync_wait_s(request)
-        job = endpoint.submit(await job_input(request, MAX_RUNSYNC_BODY), sync=True)
+        body, size = await job_input(request, MAX_RUNSYNC_BODY, timeout)
+        job = endpoint.submit(body, sync=True, size=size)
         await endpoint.wait_final(job, wait)
         return reply(job.view())
 

@@ -4,14 +4,14 @@ or SIGTERM (then the running jobs are cancelled and the engine stops)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from aiohttp import web
 
 from handler.http.endpoint import LocalEndpoint
-from handler.http.jobs import JobStore
+from handler.http.jobs import JobStore, StoreFull
 from handler.http.openai_routes import openai_routes
 from handler.http.rest import MAX_RUNSYNC_BODY, error, rest_routes
+from handler.logs import clean
 
 log = logging.getLogger("handler.http")
 
@@ -21,17 +21,42 @@ SHUTDOWN_S = 2.0  # on SIGINT/SIGTERM: how long requests still open (a /runsync 
 
 @web.middleware
 async def json_errors(request: web.Request, handler):
-    """Unknown routes and methods answer RunPod-style JSON `{"error"}` bodies, not HTML."""
+    """Unknown routes and methods answer RunPod-style JSON `{"error"}` bodies, not HTML; a job
+    the endpoint's bounds leave no room for answers 429."""
     try:
         return await handler(request)
+    except StoreFull as exc:
+        return error(429, str(exc))
     except web.HTTPException as exc:
         if exc.content_type == "application/json":
             raise
         return error(exc.status, f"{exc.reason}: {request.method} {request.path}")
 
 
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse as an ERROR with a traceback: one WARNING line
+    instead (what the client sent is escaped and cut short: handler.logs.clean)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "malformed request: %s", (clean(f"{exc.code} {exc.message}"),)
+            record.levelno, record.levelname, record.exc_info, record.exc_text = logging.WARNING, "WARNING", None, None
+        return True
+
+
+def quiet_malformed_requests() -> None:
+    """Install MalformedRequests on aiohttp's server logger (once)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequests) for f in server_log.filters):
+        server_log.addFilter(MalformedRequests())
+
+
 def make_app(endpoint: LocalEndpoint) -> web.Application:
     """The aiohttp app of `endpoint`; its job queue starts with the app and the worker stops with it."""
+    quiet_malformed_requests()
     app = web.Application(client_max_size=MAX_RUNSYNC_BODY + 1024 * 1024, middlewares=[json_errors])
     app.add_routes(rest_routes(endpoint) + openai_routes(endpoint))
 
@@ -46,12 +71,10 @@ def make_app(endpoint: LocalEndpoint) -> web.Application:
     return app
 
 
-def serve(settings: Any, host: str, port: int) -> int:
-    """Serve the worker on http://host:port/v2/<any endpoint id>/... until stopped; returns the exit code."""
-    from handler.worker import Worker
-
-    store = JobStore()
-    worker = Worker(settings, progress=store.progress)
+def serve(worker, store: JobStore, host: str, port: int) -> int:
+    """Serve `worker` (its progress updates going to `store`) on http://host:port/v2/<any endpoint
+    id>/... until stopped; returns the exit code."""
+    settings = worker.settings
     if settings.metrics_port:
         worker.metrics.start_server(settings.metrics_port, settings.metrics_host)
     app = make_app(LocalEndpoint(worker, store))

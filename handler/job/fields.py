@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from engine.sampling_params import are_token_ids
-from handler.errors import invalid
+from handler.errors import JobError, invalid
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 MAX_JSON_DEPTH = 32  # deepest nesting of lists and objects in a job's input
@@ -142,10 +142,16 @@ def _tool_fields(m: dict, role: str, where: str) -> dict:
         args = fn.get("arguments", "{}")
         try:
             args = json.loads(args) if isinstance(args, str) else args
+        except RecursionError:  # nested past the parser's limit: as deep as check_json refuses
+            raise invalid(at + ".function.arguments", f"nests deeper than {MAX_JSON_DEPTH} levels") from None
         except ValueError:
             raise invalid(at + ".function.arguments", "must be a JSON object's text") from None
         if not isinstance(args, dict):
             raise invalid(at + ".function.arguments", "must be a JSON object's text")
+        try:  # the template walks it: as deep as any input may nest
+            check_json(args, "arguments")
+        except JobError as exc:
+            raise invalid(at + ".function.arguments", exc.message.split(": ", 1)[-1]) from None
         out["tool_calls"].append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
                                   "function": {"name": fn["name"], "arguments": args}})
     return out

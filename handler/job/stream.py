@@ -43,4 +43,4 @@ async def stream_batches(run: JobRequests, request, engine_request_id: str, wrap
                     pending, tokens, target, head_sent = [], 0, next(sizes), True
         if not retry.again(comp, streamed):
             break
-    yield "done", (comp, pending)
+    yield "done", (retry.completion, pending)

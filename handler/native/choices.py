@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from handler.job.choices import is_truncated
+from handler.job.costs import build, finished_bytes
 
 
 def logprobs_json(positions: list | None) -> list | None:
@@ -50,8 +51,9 @@ async def native_choice_items(run, request, engine_request_id: str, stream_batch
         if spec.stream:
             entries = _merge(rest)
         else:
-            entries = {c.index: {"index": c.index, "text": c.text, "logprobs": logprobs_json(c.logprobs)}
-                       for c in comp.choices}
+            entries = await build(lambda: {c.index: {"index": c.index, "text": c.text,
+                                                     "logprobs": logprobs_json(c.logprobs)} for c in comp.choices},
+                                  finished_bytes(request.params, comp))
         for c in comp.choices:
             entry = entries.setdefault(c.index, {"index": c.index, "text": "", "logprobs": None})
             entry["finish_reason"], entry["truncated"] = c.finish_reason, is_truncated(c.finish_reason)
@@ -62,7 +64,8 @@ async def native_choice_items(run, request, engine_request_id: str, stream_batch
             del item["text"]
             item = {"choices": _item(entries, n)["choices"], **item}
         if comp.prompt_logprobs is not None:
-            item["prompt_logprobs"] = logprobs_json(comp.prompt_logprobs)
+            item["prompt_logprobs"] = await build(lambda: logprobs_json(comp.prompt_logprobs),
+                                                  finished_bytes(request.params, comp))
         yield item
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from handler.job.costs import build, finished_bytes
 from handler.job.stream import stream_batches
 from handler.openai.choices import choice_output, flat
 from handler.tools.chat_output import chat_output
@@ -105,7 +106,8 @@ async def openai_items(run, request, engine_request_id: str, model: str) -> Asyn
         chunks = sendable(flat(chunks))
         usage = fmt.usage(comp.prompt_tokens, comp.completion_tokens, comp.cached_tokens)
         if not spec.stream:
-            yield fmt.response(comp.text, comp.finish_reason, usage, choices=choices.rows(comp) if choices else None)
+            rows = await build(lambda: choices.rows(comp), finished_bytes(request.params, comp)) if choices else None
+            yield fmt.response(comp.text, comp.finish_reason, usage, choices=rows)
             return
         chunks += choices.finish_chunks(comp) if choices else [fmt.chunk(None, comp.finish_reason)]
         if spec.include_usage:

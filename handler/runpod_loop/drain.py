@@ -99,6 +99,10 @@ class JobEngine:
     def __getattr__(self, name: str):
         return getattr(self._engine, name)
 
+    async def unless_expired(self, awaitable: Awaitable):
+        """`awaitable`'s result, unless the drain's deadline ends the job first (worker_shutdown)."""
+        return await unless_expired(self._job, self._drain, awaitable)
+
     async def generate(self, prompt, params=None, request_id: str = "", **kwargs):
         if self._drain.expired:
             raise self._drain.shutdown_error(running=True)

@@ -153,3 +153,24 @@ def test_engine_config_names_the_bad_field(field, value):
     with pytest.raises(InvalidInputError) as err:
         EngineConfig(model="m", **{field: value})
     assert err.value.field == field
+
+
+def test_a_max_model_len_past_the_models_positions_is_refused_unless_allowed(tiny_mistral_dir, caplog):
+    from engine.errors import InvalidInputError
+
+    assert read_model_spec(tiny_mistral_dir).max_position_embeddings == 512
+    with pytest.raises(InvalidInputError) as err:
+        LLM(tiny_mistral_dir, num_kv_blocks=8, max_model_len=100_000)
+    assert err.value.field == "max_model_len" and "100000" in str(err.value) and "512" in str(err.value)
+    with caplog.at_level("WARNING"):
+        llm = LLM(tiny_mistral_dir, num_kv_blocks=8, max_model_len=1024, allow_long_max_model_len=True)
+    assert llm.engine.max_model_len == 1024 and "more than the model's 512 positions" in caplog.text
+
+
+@pytest.mark.parametrize("field,value", [("max_position_embeddings", 10**12), ("num_hidden_layers", 0),
+                                         ("vocab_size", 10**9)])
+def test_a_config_size_out_of_range_is_named_before_weights_are_read(tiny_llama_dir, tmp_path, field, value):
+    bad = _copy(tiny_llama_dir, tmp_path / "bad", lambda c: c.update({field: value}), drop_weights=True)
+    with pytest.raises(ModelLoadError) as err:
+        LLM(str(bad), num_kv_blocks=8)
+    assert f"config.json: {field}=" in str(err.value) and err.value.code == "model_load_failed"

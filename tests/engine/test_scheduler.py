@@ -59,6 +59,29 @@ def test_preemption_takes_the_latest_and_puts_it_first_in_line():
     assert [s.request_id for s in sched.waiting] == ["b", "c"]
     assert b.num_computed_tokens == 0 and not b.block_table and b.num_tokens == 9
     assert sched.num_preemptions == 1
+    assert b.preempted_time is not None and a.preempted_time is None  # it waits again from then
+
+
+def test_queued_since_is_the_arrival_then_the_last_preemption(tiny_llama_dir):
+    """The engine's word on queueing (QUEUE_TIMEOUT_S): a request with no step run waits since its
+    arrival, one that runs does not wait, one preempted waits again since its preemption."""
+    from engine import LLM
+
+    llm = LLM(tiny_llama_dir, num_kv_blocks=4, block_size=16, max_model_len=64, enable_prefix_caching=False)
+    eng = llm.engine
+    grow = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    eng.add_request("a", {"prompt_token_ids": [5] * 12}, grow)
+    eng.add_request("b", {"prompt_token_ids": [6] * 12}, grow)
+    arrived = eng.queued_since("b")
+    assert arrived is not None and eng.queued_since("unknown") is None
+    eng.step()
+    assert eng.queued_since("a") is None and eng.queued_since("b") is None  # both run
+    while not eng.scheduler.num_preemptions:  # 4 blocks: the two cannot both reach 40 tokens
+        eng.step()
+    (victim,) = [r for r in ("a", "b") if eng.queued_since(r) is not None]
+    assert eng.queued_since(victim) > arrived
+    while eng.has_unfinished_requests():
+        eng.step()
 
 
 def test_update_from_output_advances_caches_and_appends():

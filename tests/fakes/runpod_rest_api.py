@@ -36,6 +36,7 @@ class FakeRestAPI:
         self.concurrency = concurrency
         self.store = JobStore()
         self.jobs: dict[str, RestJob] = self.store.jobs
+        self.inputs: dict[str, Any] = {}  # each job's input as submitted (the store lets it go at the job's end)
         self.calls: list[tuple[str, str]] = []  # (method, route) of every request
         self.violations: list[str] = []
         self.lock = self.store.lock
@@ -103,6 +104,7 @@ class FakeRestAPI:
 
     def submit(self, job_input: Any, sync: bool = False) -> str:
         job = self.store.new(job_input, sync=sync)
+        self.inputs[job.id] = job_input
         self._loop.call_soon_threadsafe(self._queue.submit, job)
         return job.id
 

@@ -52,6 +52,13 @@ def test_a_bad_setting_stops_the_worker_naming_the_variable():
     assert p.returncode == 2 and "MAX_MODEL_LEN='lots'" in p.stderr and p.stdout == ""
 
 
+@pytest.mark.parametrize("name,value", [("LOG_LEVEL", "trace"), ("CUSTOM_CHAT_TEMPLATE", "{{ messages[0].content }")])
+def test_a_bad_setting_is_refused_in_one_line_without_a_traceback(name, value):
+    p = run_cli(["--test_input", '{"input": {"prompt": "Hi"}}'], **{name: value})
+    assert p.returncode == 2 and f"invalid setting: {name}=" in p.stderr, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
 def test_print_settings_gives_the_markdown_table():
     p = run_cli(["--print-settings"])
     assert p.returncode == 0 and "| `MAX_CONCURRENCY` |" in p.stdout

@@ -166,3 +166,57 @@ def test_overloaded_documents_go_to_the_fallback_endpoint(endpoint_env, endpoint
     assert len(fallback.jobs) - fallback_before == 3
     assert "overloaded on endpoint ep-busy; sending it to endpoint ep-fallback" in capsys.readouterr().err
     assert not primary.violations and not fallback.violations
+
+
+def test_a_job_whose_choices_the_kv_cache_cannot_hold_yet_waits_as_queued_then_fails_overloaded(loop, make_worker):
+    """Two jobs of 64 choices, each the whole KV cache (64 blocks, one a choice): the second waits
+    for the first's blocks instead of both running and preempting each other, and that wait is
+    queueing: past QUEUE_TIMEOUT_S it fails overloaded (retryable) while the first completes."""
+    w = make_worker(QUEUE_TIMEOUT_S="0.3", NUM_KV_BLOCKS="64")
+    assert loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {"prompt": "Hi", "sampling_params": {
+        "max_tokens": 2, "ignore_eos": True}}}))["status"] == "COMPLETED"
+    slow_steps(w, 0.05)  # 12 tokens: about a second
+    wide = {"prompt": [5, 17, 33, 120], "sampling_params": {"n": 64, "max_tokens": 12, "ignore_eos": True,
+                                                            "temperature": 1.0}}
+
+    async def main():
+        first = asyncio.ensure_future(run_job(w.handle, {"id": "first", "input": wide}))
+        while not w.engine.stats()["num_running"]:
+            await asyncio.sleep(0.005)
+        second = await run_job(w.handle, {"id": "second", "input": wide})
+        return await first, second
+
+    before = w.engine.stats()["num_preemptions"]
+    first, second = loop.run_until_complete(main())
+    err = error_of(second)
+    assert err["code"] == "overloaded" and err["retryable"] is True and "QUEUE_TIMEOUT_S=0.3" in err["message"]
+    assert "64 choices" in err["message"], err
+    assert first["status"] == "COMPLETED" and len(first["output"][-1]["choices"]) == 64
+    assert w.engine.stats()["num_preemptions"] == before
+    assert_free(w)
+
+
+def test_a_request_preempted_and_waiting_past_the_queue_timeout_fails_overloaded(loop, make_worker):
+    """A preempted request waits in the engine's queue again: that counts as queued. Two requests
+    that cannot both grow to their length in 6 blocks (the KV admission off, as for a request whose
+    estimate was short): the one preempted fails overloaded (retryable) with its text so far once it
+    has waited QUEUE_TIMEOUT_S, while the other completes."""
+    w = make_worker(QUEUE_TIMEOUT_S="0.5", NUM_KV_BLOCKS="6", ENABLE_PREFIX_CACHING="false")
+    assert loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {"prompt": "Hi", "sampling_params": {
+        "max_tokens": 2, "ignore_eos": True}}}))["status"] == "COMPLETED"
+    w.admission = None  # every request straight to the engine
+    slow_steps(w, 0.03)
+    grow = {"max_tokens": 60, "ignore_eos": True, "temperature": 0}
+
+    async def main():
+        jobs = [asyncio.ensure_future(run_job(w.handle, {"id": f"grow-{i}", "input": {
+            "prompt": [5 + i] * 8, "stream": True, "max_batch_size": 1, "sampling_params": grow}})) for i in range(2)]
+        return await asyncio.gather(*jobs)
+
+    results = loop.run_until_complete(main())
+    assert w.engine.stats()["num_preemptions"] >= 1
+    failed = [r for r in results if r["status"] == "FAILED"]
+    assert len(failed) == 1 and [r["status"] for r in results].count("COMPLETED") == 1, results
+    err = error_of(failed[0])
+    assert err["code"] == "overloaded" and err["retryable"] is True and "preempted" in err["message"], err
+    assert_free(w)

@@ -64,6 +64,23 @@ def test_engine_refusal_names_the_variable():
     assert str(info.value).startswith("BLOCK_SIZE=")
 
 
+@pytest.mark.parametrize("template", [
+    "{% for m in messages %}{{ m.content }",  # does not compile
+    "{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}",  # an unknown filter
+    "{{ raise_exception('Conversation roles must alternate') }}",  # refuses every conversation
+    "{% for m in messages %}{{ m['role'].upper()[99] }}{% endfor %}",  # fails while rendering
+    "{{ bos_token }}<|user|>",  # leaves the messages out
+])
+def test_a_broken_custom_chat_template_refuses_the_start_naming_it(template):
+    from handler.engine_setup import check_engine_settings
+
+    with pytest.raises(SettingsError) as info:
+        check_engine_settings(load_settings({"CUSTOM_CHAT_TEMPLATE": template}))
+    assert info.value.name == "CUSTOM_CHAT_TEMPLATE" and str(info.value).startswith("CUSTOM_CHAT_TEMPLATE=")
+    check_engine_settings(load_settings({"CUSTOM_CHAT_TEMPLATE": "{% for m in messages %}<|{{ m.role }}|>"
+                                                                 "{{ m.content }}{% endfor %}<|assistant|>"}))
+
+
 def test_async_scheduling_reaches_the_engine_config():
     from handler.engine_setup import engine_config
 

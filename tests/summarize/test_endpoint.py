@@ -35,7 +35,7 @@ def jobs_of(api: FakeRestAPI, needle: str, since: float = 0.0) -> list:
     """The fake's jobs (created after `since`) whose input contains `needle`, oldest first."""
     with api.lock:
         jobs = [j for j in api.jobs.values()
-                if j.created >= since and needle in json.dumps(j.input, ensure_ascii=False)]
+                if j.created >= since and needle in json.dumps(api.inputs[j.id], ensure_ascii=False)]
     return sorted(jobs, key=lambda j: j.created)
 
 
@@ -56,7 +56,7 @@ def test_endpoint_mode_gives_the_statuses_of_local_mode(endpoint_env, rest_api):
     assert remote["notes/archive/long.md"]["chunks"] > 1  # the worker split it: one job for the document
     assert len(jobs_of(rest_api, "Standup", t0)) == 1
     job = rest_api.jobs[remote["notes/회의록.txt"]["job_id"]]
-    assert job.input["summarize"]["text"] == KOREAN and job.status == "COMPLETED"
+    assert rest_api.inputs[job.id]["summarize"]["text"] == KOREAN and job.status == "COMPLETED"
     calls = rest_api.calls[calls_before:]
     assert calls.count(("POST", "run")) == 3 and ("GET", "status") in calls and ("GET", "health") in calls
     assert ("POST", "runsync") not in calls and not rest_api.violations

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import json
 import os
+import re
 
 import pytest
 
 from handler.summarize import core
+from summarize import inputs
 from summarize.inputs import InputError, collect, decode_text
 from summarize.runner import Options
 from tests.summarize.notes import SENTENCES
@@ -124,13 +127,104 @@ def test_links_out_of_a_folder_are_not_followed_unless_asked(tmp_path):
 def test_the_cli_passes_follow_links(monkeypatch, tmp_path):
     from summarize import cli, inputs
 
-    seen = []
+    seen, sizes = [], []
 
-    def spy(paths, exclude=(), follow_links=False):
+    def spy(paths, exclude=(), follow_links=False, max_file_bytes=None):
         seen.append(follow_links)
+        sizes.append(max_file_bytes)
         return []
 
     monkeypatch.setattr(inputs, "collect", spy)
     for flag, expected in (([], False), (["--follow-links"], True)):
         assert cli.main([str(tmp_path), "--out", str(tmp_path / "r.jsonl"), *flag]) == 2  # no documents
         assert seen[-1] is expected
+    assert sizes[-1] == inputs.MAX_FILE_BYTES
+    assert cli.main([str(tmp_path), "--out", str(tmp_path / "r.jsonl"), "--max-file-bytes", "4096"]) == 2
+    assert sizes[-1] == 4096
+
+
+def _collect_within(seconds: float, *args, **kwargs):
+    """collect() in a thread, so a read that blocks (a FIFO) fails the test instead of hanging it."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(collect(*args, **kwargs)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"collect() did not return within {seconds}s"
+    return out[0]
+
+
+def test_only_regular_files_are_read_a_fifo_or_a_device_fails_saying_why(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("a document", encoding="utf-8")
+    os.mkfifo(docs / "pipe.txt")  # nobody writes: reading it would block forever
+    (docs / "zero.txt").symlink_to("/dev/zero")  # endless: reading it would fill the memory
+    found = {os.path.basename(d.doc): d for d in _collect_within(10, [str(docs)], follow_links=True)}
+    assert found["a.txt"].text == "a document"
+    assert found["pipe.txt"].error["code"] == "not_a_regular_file" and "FIFO" in found["pipe.txt"].error["message"]
+    assert found["zero.txt"].error["code"] == "not_a_regular_file" and "device" in found["zero.txt"].error["message"]
+    # given as the INPUT itself, the same
+    assert _collect_within(10, [str(docs / "pipe.txt")])[0].error["code"] == "not_a_regular_file"
+
+
+def test_a_file_past_the_size_cap_is_not_read(tmp_path):
+    (tmp_path / "big.txt").write_text("x" * 5000, encoding="utf-8")
+    (tmp_path / "big.jsonl").write_text(json.dumps({"id": "r", "text": "y" * 5000}) + "\n", encoding="utf-8")
+    (tmp_path / "small.txt").write_text("small", encoding="utf-8")
+    found = {os.path.basename(d.doc): d for d in collect([str(tmp_path)], max_file_bytes=1000)}
+    for name in ("big.txt", "big.jsonl"):
+        assert found[name].text is None and found[name].error["code"] == "file_too_large", found[name]
+        assert "more than --max-file-bytes (1,000)" in found[name].error["message"]
+    assert found["small.txt"].text == "small"
+
+
+def test_a_file_that_changes_while_it_is_read_is_reported(tmp_path, monkeypatch):
+    path = tmp_path / "growing.log"
+    path.write_text("first line\n", encoding="utf-8")
+    real = inputs._read_bounded
+
+    def read_then_append(f, limit):
+        data = real(f, limit)
+        with open(path, "a", encoding="utf-8") as other:  # another program writes meanwhile
+            other.write("second line\n")
+        return data
+
+    monkeypatch.setattr(inputs, "_read_bounded", read_then_append)
+    doc = collect([str(path)])[0]
+    assert doc.text is None and doc.error["code"] == "changed_while_read" and doc.error["retryable"] is True
+
+
+HOSTILE = ["evil\x1b[2J\x1b[H.txt", "x.txt\nsummarize: 9 of 9 documents finished", "a|b ## [x](javascript:alert(1))"
+           "<img src=x onerror=alert(1)>.md", "rtl\u202etxt.exe", "line\u2028break.txt"]
+
+
+def test_names_are_escaped_on_the_console_and_in_the_report():
+    from summarize.inputs import Document
+    from summarize.report import closing_summary, markdown_report
+    from summarize.runner import RunStats, done_message
+
+    docs = [Document(name, name, f"sha{i}", text="t") for i, name in enumerate(HOSTILE)]
+    lines = {}
+    for i, d in enumerate(docs):
+        failed = i % 2 == 0
+        lines[d.key] = {"doc": d.doc, "status": "failed" if failed else "ok", "summary": None if failed else "fine",
+                        "chunks": 1, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                        "error": {"code": "unreadable", "message": f"cannot read {d.doc}"} if failed else None}
+    stats = RunStats(total=len(docs))
+    console = [done_message(line) for line in lines.values()]
+    console.append(closing_summary(stats, "local", "r.jsonl", "report.md",
+                                   [line for line in lines.values() if line["status"] == "failed"]))
+    for text in console:
+        assert not any(c in text for c in "\x1b\u202e\u2028"), text
+    assert all("\n" not in message for message in console[:-1])
+    assert not any(line.startswith("summarize: 9 of 9") for line in console[-1].split("\n")[1:])
+    report = markdown_report(docs, lines, stats, "local")
+    assert not any(c in report for c in "\x1b\u202e\u2028")
+    body = report.split("\n")
+    assert "summarize: 9 of 9 documents finished" not in [line.strip() for line in body]
+    assert not any(line.startswith("## ") and "\n" in line for line in body)
+    assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(javascript", report)  # escaped: shown as text
+    table = [line for line in body if line.startswith("| ") and "sha" not in line][2:]
+    assert all(line.count(" | ") == 4 for line in table), table  # five cells each, whatever the name

@@ -27,8 +27,8 @@ openai = pytest.importorskip("openai")
 
 ENDPOINT = "ep-openai"
 MODEL = "SmolLM2-135M-Instruct-AWQ"
-ENV = {"MAX_MODEL_LEN": "2048", "NUM_KV_BLOCKS": "512", "MAX_CONCURRENCY": "4", "DEFAULT_MAX_TOKENS": "256",
-       "METRICS_LOG_INTERVAL_S": "0"}
+ENV = {"MAX_MODEL_LEN": "2048", "ALLOW_LONG_MAX_MODEL_LEN": "1", "NUM_KV_BLOCKS": "512", "MAX_CONCURRENCY": "4",
+       "DEFAULT_MAX_TOKENS": "256", "METRICS_LOG_INTERVAL_S": "0"}
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 PERSON = {

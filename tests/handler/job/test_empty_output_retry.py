@@ -162,3 +162,66 @@ def test_a_retry_reseeds_any_request_with_params():
     assert ctx.empty_output_retries == 4
     with pytest.raises(JobError):  # some text already streamed: no retry
         EmptyOutputRetry(run_, request, "job-2").again(comp, streamed=True)
+
+
+def choices_of(result: dict) -> list[dict]:
+    assert result["status"] == "COMPLETED", result
+    return result["output"][-1]["choices"]
+
+
+def test_every_choice_of_n_has_text_an_empty_one_is_resampled(loop, make_worker, caplog):
+    """n = 8 with half the vocabulary stopping: about half the choices come out empty at first.
+    Each returned choice has text (the empty ones sampled again, with seeds derived from the
+    job's), or the job fails empty_output naming the empty choices; never COMPLETED with one empty."""
+    caplog.set_level(logging.INFO, logger="handler")
+    w = make_worker(EMPTY_OUTPUT_RETRIES="8")
+    run(loop, w, {"prompt": "Hi", "sampling_params": {"max_tokens": 1, "ignore_eos": True}}, "load")
+    job = {"prompt": "Hi", "sampling_params": {**half_stops(w), "n": 8, "seed": 11}}
+    r = run(loop, w, job, "n8")
+    assert all(c["text"].strip() for c in choices_of(r)), choices_of(r)
+    assert [c["index"] for c in choices_of(r)] == list(range(8))
+    assert finished(caplog, "n8")["empty_output_retries"] >= 1  # some choice was empty at first
+    assert r["output"][-1]["usage"]["completion_tokens"] >= 8  # the returned choices' tokens
+    again = run(loop, w, job, "n8-again")  # a seeded job: the same choices again
+    assert [c["text"] for c in choices_of(again)] == [c["text"] for c in choices_of(r)]
+
+    none = make_worker(EMPTY_OUTPUT_RETRIES="0")
+    run(loop, none, {"prompt": "Hi", "sampling_params": {"max_tokens": 1, "ignore_eos": True}}, "load")
+    for seed in range(20):
+        r = run(loop, none, {"prompt": "Hi", "sampling_params": {**half_stops(none), "n": 8, "seed": seed}},
+                f"n8-none-{seed}")
+        if r["status"] == "COMPLETED":
+            assert all(c["text"].strip() for c in choices_of(r)), choices_of(r)
+            continue
+        err = error_of(r)
+        assert err["code"] == "empty_output" and err["empty_choices"] and "of 8 choices" in err["message"], err
+        break
+    else:
+        pytest.fail("no seed gave an empty choice among 8")
+
+
+def test_an_openai_choice_among_n_is_never_empty(loop, make_worker):
+    w = make_worker(EMPTY_OUTPUT_RETRIES="8")
+    run(loop, w, {"prompt": "Hi", "sampling_params": {"max_tokens": 1, "ignore_eos": True}}, "load")
+    sampling = half_stops(w)
+    r = run(loop, w, {"openai_route": "/v1/completions", "openai_input": {
+        "prompt": "Hi", "n": 6, "seed": 4, "max_tokens": sampling["max_tokens"], "temperature": 1.5,
+        "stop_token_ids": sampling["stop_token_ids"]}}, "openai-n")
+    assert r["status"] == "COMPLETED", r
+    choices = r["output"][-1]["choices"]
+    assert len(choices) == 6 and all(c["text"].strip() for c in choices), choices
+
+
+def test_an_empty_raw_prompt_to_a_chat_model_says_to_send_messages(loop, shared_worker):
+    """worker-vllm's Hub test job sends a raw `prompt` to an instruct model, whose first token is
+    then often its end token: the failure tells the user what to do."""
+    err = error_of(run(loop, shared_worker, always_empty(shared_worker, temperature=0), "raw-empty"))
+    assert err["code"] == "empty_output" and "chat template" in err["message"], err
+    assert '"apply_chat_template": true' in err["message"] and "messages" in err["message"]
+    chat = {"messages": CHAT, "sampling_params": always_empty(shared_worker, temperature=0)["sampling_params"]}
+    err = error_of(run(loop, shared_worker, chat, "chat-empty"))
+    assert err["code"] == "empty_output" and "apply_chat_template" not in err["message"]
+    completions = {"openai_route": "/v1/completions", "openai_input": {
+        "prompt": "Hi", "temperature": 0, "stop_token_ids": list(range(len(shared_worker.engine.tokenizer)))}}
+    err = error_of(run(loop, shared_worker, completions, "completions-empty"))
+    assert "/v1/chat/completions" in err["message"], err

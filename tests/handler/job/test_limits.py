@@ -1,6 +1,8 @@
 """Input limits (MAX_INPUT_CHARS, MAX_MESSAGES, MAX_OUTPUT_TOKENS, MAX_STOP_STRINGS, MAX_STOP_CHARS,
 MAX_STOP_TOKEN_IDS): at the limit a job runs, one past it fails invalid_input naming the field, the
 limit and its setting, before the engine sees it."""
+import json
+
 import pytest
 
 from handler.errors import JobError
@@ -135,3 +137,91 @@ def test_a_job_over_a_limit_fails_before_the_engine_runs(loop, make_worker):
     # no max_tokens: DEFAULT_MAX_TOKENS (12) capped by MAX_OUTPUT_TOKENS (5)
     r = run(loop, w, {"prompt": "Hi", "sampling_params": {"ignore_eos": True}})
     assert r["output"][-1]["usage"]["completion_tokens"] == 5 and r["output"][-1]["truncated"] is True
+
+
+def _chat(messages, **extra) -> dict:
+    return {"openai_route": "/v1/chat/completions", "openai_input": {"messages": messages, **extra}}
+
+
+def _tool(description: str) -> dict:
+    return {"type": "function", "function": {"name": "f", "description": description,
+                                             "parameters": {"type": "object"}}}
+
+
+def _called(arguments: str) -> list[dict]:
+    return [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+
+def test_tool_definitions_tool_calls_and_bad_words_count_toward_the_input_cap():
+    """Every field a client sizes counts toward MAX_INPUT_CHARS, not message text alone: the tool
+    definitions and calls by their JSON's strings and keys (the tool below: 56 + its description)."""
+    cap = load_settings({"MAX_INPUT_CHARS": "100"})
+    parse_job_input(_chat(msgs(1), tools=[_tool("x" * 42)]), cap)  # 2 + 56 + 42
+    err = refusal(_chat(msgs(1), tools=[_tool("x" * 43)]), cap)
+    assert err["field"] == "openai_input.tools" and err["setting"] == "MAX_INPUT_CHARS" and err["limit"] == 100
+    assert "101 characters of the input together (99 in openai_input.tools)" in err["message"]
+    parse_job_input(_chat(_called('{"a": "xy"}')), cap)
+    err = refusal(_chat(_called(json.dumps({"a": "x" * 100}))), cap)
+    assert err["field"] == "openai_input.messages[1].tool_calls" and err["setting"] == "MAX_INPUT_CHARS"
+    parse_job_input({"prompt": "Hi", "sampling_params": {"bad_words": ["abc", "def"]}}, SMALL)
+    err = refusal({"prompt": "Hi", "sampling_params": {"bad_words": ["x" * 50]}})
+    assert err["field"] == "sampling_params.bad_words" and err["setting"] == "MAX_INPUT_CHARS"
+    err = refusal({"prompt": "x" * 30, "sampling_params": {"bad_words": ["y" * 11]}})  # 41 together
+    assert err["setting"] == "MAX_INPUT_CHARS" and err["limit"] == 40
+
+
+def test_bad_words_have_a_cap_of_their_own():
+    s = load_settings({"MAX_BAD_WORDS": "3"})
+    parse_job_input({"prompt": "Hi", "sampling_params": {"bad_words": ["a", "b", "c"]}}, s)
+    err = refusal({"prompt": "Hi", "sampling_params": {"bad_words": ["a", "b", "c", "d"]}}, s)
+    assert err["field"] == "sampling_params.bad_words" and err["setting"] == "MAX_BAD_WORDS" and err["limit"] == 3
+    assert load_settings({}).max_bad_words == 256
+    err = refusal({"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "bad_words": ["w"] * 257}},
+                  load_settings({}))
+    assert err["field"] == "openai_input.bad_words" and err["setting"] == "MAX_BAD_WORDS"
+
+
+def test_tool_call_arguments_nested_deep_are_invalid_input_not_an_internal_error():
+    deep = "[" * 5000 + "]" * 5000
+    for arguments in ('{"a": ' + deep + "}", '{"a": ' + "[" * 40 + "]" * 40 + "}"):
+        err = refusal(_chat(_called(arguments)), load_settings({}))
+        assert err["field"] == "openai_input.messages[1].tool_calls[0].function.arguments", err
+        assert "deeper than" in err["message"]
+
+
+def test_a_jobs_output_tokens_across_its_choices_have_a_cap():
+    s = load_settings({"MAX_JOB_TOKENS": "100"})
+    parse_job_input({"prompt": "Hi", "sampling_params": {"n": 4, "max_tokens": 25}}, s)
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 4, "max_tokens": 26}}, s)
+    assert err["field"] == "sampling_params.n" and err["setting"] == "MAX_JOB_TOKENS" and err["limit"] == 100
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 2, "best_of": 5, "max_tokens": 21}}, s)
+    assert err["field"] == "sampling_params.best_of", err
+    err = refusal({"openai_route": "/v1/completions", "openai_input": {"prompt": "Hi", "n": 128, "max_tokens": 8}}, s)
+    assert err["field"] == "openai_input.n" and "128 choices" in err["message"]
+    assert load_settings({}).max_job_tokens == 65536
+
+
+def test_a_jobs_response_size_has_a_cap_estimated_before_it_runs():
+    s = load_settings({"MAX_RESPONSE_MB": "0.01"})  # 10,485 bytes
+    parse_job_input({"prompt": "Hi", "sampling_params": {"max_tokens": 100}}, s)  # 1,600 bytes of text
+    err = refusal({"prompt": "Hi", "sampling_params": {"max_tokens": 10, "logprobs": 20}}, s)
+    assert err["field"] == "sampling_params.logprobs" and err["setting"] == "MAX_RESPONSE_MB", err
+    err = refusal(_chat(msgs(1), logprobs=True, top_logprobs=20, max_tokens=10), s)
+    assert err["field"] == "openai_input.top_logprobs", err
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 8, "max_tokens": 100}}, s)
+    assert err["field"] == "sampling_params.n" and err["setting"] == "MAX_RESPONSE_MB", err
+    err = refusal({"openai_route": "/v1/completions", "openai_input": {"prompt": "x" * 3000, "echo": True, "n": 2,
+                                                                      "max_tokens": 1}}, s)
+    assert err["setting"] == "MAX_RESPONSE_MB", err  # the echoed prompt, once a choice
+    assert load_settings({}).max_response_mb == 16
+
+
+def test_a_job_without_max_tokens_gets_what_its_cost_caps_allow(loop, make_worker):
+    w = make_worker(MAX_JOB_TOKENS=12, DEFAULT_MAX_TOKENS=12)
+    r = run(loop, w, {"prompt": "Hi", "sampling_params": {"n": 4, "ignore_eos": True, "temperature": 1.0}})
+    assert r["status"] == "COMPLETED", r
+    last = r["output"][-1]
+    assert last["usage"]["completion_tokens"] == 12 and all(c["finish_reason"] == "length" for c in last["choices"])

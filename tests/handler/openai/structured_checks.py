@@ -11,7 +11,7 @@ from tests.handler.sse import parse_sse
 from tests.handler.tools.test_tools_and_reasoning import TOOL_TEMPLATE
 
 ENV = {"CUSTOM_CHAT_TEMPLATE": TOOL_TEMPLATE, "DEFAULT_MAX_TOKENS": "300", "MAX_MODEL_LEN": "1024",
-       "NUM_KV_BLOCKS": "256"}
+       "ALLOW_LONG_MAX_MODEL_LEN": "1", "NUM_KV_BLOCKS": "256"}
 SEEDS = [None, 1, 2, 3, 4, 5]  # None: temperature 0
 
 

@@ -201,3 +201,12 @@ def test_a_spec_the_grammar_engine_refuses_names_the_field_as_sent(worker, loop,
     err = error_of(run(loop, worker, job))
     assert err["code"] == "invalid_input" and err["field"] == field, err
     assert err["message"].startswith(field + ": ") and "cannot be compiled" in err["message"], err
+
+
+def test_a_schema_too_complex_to_enforce_is_refused_before_it_runs_naming_response_format(worker, loop):
+    from tests.engine.test_structured import BRANCHY
+
+    job = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": BRANCHY}})
+    err = error_of(run(loop, worker, job))
+    assert err["code"] == "invalid_input" and err["field"] == "openai_input.response_format", err
+    assert "too complex to enforce" in err["message"] and "partial_text" not in err, err

@@ -46,9 +46,9 @@ class SimEngine:
     def device(self) -> str:
         return "cpu"
 
-    def is_queued(self, request_id: str) -> bool:
+    def queued_since(self, request_id: str) -> float | None:
         seq = self._seqs.get(request_id)
-        return seq is not None and seq in self.scheduler.waiting
+        return seq.arrival_time if seq is not None and seq in self.scheduler.waiting else None
 
     async def generate(self, request, params=None, request_id: str = "", priority: int = 0, cache_salt=None):
         if self._loop is None:

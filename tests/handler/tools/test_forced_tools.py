@@ -33,7 +33,8 @@ EVENTS = TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture(scope="module")
 def worker(tiny_llama_dir, loop):
-    w = start_worker(tiny_llama_dir, loop, MAX_MODEL_LEN="2048", NUM_KV_BLOCKS="512")  # room for parallel calls
+    w = start_worker(tiny_llama_dir, loop, MAX_MODEL_LEN="2048", NUM_KV_BLOCKS="512",  # room for parallel calls
+                     ALLOW_LONG_MAX_MODEL_LEN="1")
     w.prompts = record_prompts(w)
     yield w
     loop.run_until_complete(w.aclose())

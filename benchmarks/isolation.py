@@ -1,0 +1,111 @@
+"""R1: what a job at the worker's caps costs a neighbour. One in-process worker (the RunPod
+handler, its admission and caps) on a tiny random Llama on the CPU; a streamed 48-token victim
+runs beside (a) a job with the largest stop list the settings allow, (b) a job of 128 choices,
+(c) the same with 20 logprobs a token. The peer is the victim beside a plain job of the same
+kind without the costly part, measured in the same run, the rounds interleaved so a slow spell
+of the machine hits both alike: ratio_to_peer is the victim's speed beside the job at the caps
+over its speed beside the plain one (target 1 / 1.5: no job within the caps makes a neighbour's
+time per token more than 1.5x).
+
+    python3 benchmarks/isolation.py [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import record  # noqa: E402 - after the repository root is on the path
+
+VICTIM_TOKENS = 48
+ENV = {"MAX_MODEL_LEN": "512", "NUM_KV_BLOCKS": "128", "DEFAULT_MAX_TOKENS": "64", "DEFAULT_BATCH_SIZE": "8",
+       "METRICS_LOG_INTERVAL_S": "0"}
+VICTIM = {"prompt": "Meeting notes: the team discussed the budget", "stream": True,
+          "sampling_params": {"max_tokens": VICTIM_TOKENS, "temperature": 0, "ignore_eos": True}}
+TARGET = round(1 / 1.5, 3)
+
+
+def largest_stop_list(settings, text: list[str]) -> list[str]:
+    """As many stop strings, of as many characters, as the settings allow: pieces of `text` (what
+    the model was trained on), so its output keeps matching their beginnings, each ending in a ☃
+    it never writes (none ever stops it)."""
+    count, chars = settings.max_stop_strings, settings.max_stop_chars
+    length = max(2, chars // count)
+    corpus = " ".join(text) * (1 + length // 100)
+    stops = [(corpus[i % 40:] + corpus)[: length - 1 - len(str(i))] + f"{i}☃" for i in range(count)]
+    assert sum(map(len, stops)) <= chars and len(set(stops)) == count
+    return stops
+
+
+async def victim_mean_tpot(w, neighbour: dict, tag: str) -> float:
+    """The victim's mean time per output token (its whole stream over its tokens) with
+    `neighbour` started beside it (it may finish first: the cost it adds is what counts)."""
+    from handler.local import run_job
+
+    task = asyncio.ensure_future(run_job(w.handle, {"id": f"neighbour-{tag}", "input": neighbour}))
+    await asyncio.sleep(0)
+    t0 = time.perf_counter()
+    async for item in w.handle({"id": f"victim-{tag}", "input": VICTIM}):
+        assert not item.get("error"), item
+    took = time.perf_counter() - t0
+    result = await task
+    assert result["status"] == "COMPLETED", result.get("error")
+    return took / VICTIM_TOKENS
+
+
+def cases(settings, text: list[str]) -> dict[str, tuple[dict, dict]]:
+    """case -> (the job at the caps, its plain peer)."""
+    prose = {"prompt": "Action items: Alice sends the report", "sampling_params": {
+        "max_tokens": 400, "temperature": 0, "ignore_eos": True}}
+    stops = {**prose, "sampling_params": {**prose["sampling_params"], "stop": largest_stop_list(settings, text)}}
+    plain = {"prompt": [5, 17, 33, 120], "stream": True, "sampling_params": {
+        "max_tokens": VICTIM_TOKENS, "temperature": 0, "ignore_eos": True}}
+    wide = {"prompt": [5, 17, 33, 120], "stream": True, "sampling_params": {
+        "n": 128, "temperature": 1.0, "ignore_eos": True, "seed": 1, "max_tokens": 12}}
+    logprobs = {**wide, "sampling_params": {**wide["sampling_params"], "logprobs": 20}}
+    return {"stop list at its caps": (stops, prose), "n = 128": (wide, plain),
+            "n = 128, 20 logprobs": (logprobs, plain)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=record.default_out(__file__))
+    args = ap.parse_args()
+
+    from handler.local import run_job
+    from handler.settings import load_settings
+    from handler.worker import Worker
+    from tests.models import TOKENIZER_TEXT, make_checkpoint
+
+    path = make_checkpoint(os.path.join(tempfile.mkdtemp(prefix="isolation-bench-"), "llama"))
+    loop = asyncio.new_event_loop()
+    w = Worker(load_settings({"MODEL_NAME": path, **ENV}))
+    warm = loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": VICTIM}))
+    assert warm["status"] == "COMPLETED", warm
+    rows = []
+    for case, (costly, plain) in cases(w.settings, TOKENIZER_TEXT).items():
+        tpot: dict[str, list[float]] = {"costly": [], "plain": []}
+        for r in range(args.rounds):
+            order = [("costly", costly), ("plain", plain)][:: 1 if r % 2 else -1]
+            for name, job in order:
+                tpot[name].append(loop.run_until_complete(victim_mean_tpot(w, job, f"{case}-{r}-{name}")))
+        beside_costly, beside_plain = statistics.median(tpot["costly"]), statistics.median(tpot["plain"])
+        rows.append({"id": "R1", "case": case, "ratio_to_floor": None, "target_floor": None,
+                     "ratio_to_peer": round(beside_plain / beside_costly, 3), "target_peer": TARGET,
+                     "victim_tpot_ms": round(beside_costly * 1000, 2),
+                     "victim_tpot_beside_plain_ms": round(beside_plain * 1000, 2), "rounds": args.rounds})
+    loop.run_until_complete(w.aclose())
+    loop.close()
+    record.save(rows, args.out)
+    print(record.table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The local endpoint's resource bounds, without a model: a cap on the jobs waiting in its
+queue (SERVE_MAX_QUEUED_JOBS) and on the bytes of inputs and results it keeps
+(SERVE_MAX_RETAINED_MB: a finished job's input is let go, the oldest finished jobs are forgotten
+first), request bodies that arrive too slowly answered 408 (SERVE_BODY_TIMEOUT_S), and a
+malformed request logged as one WARNING line, never an ERROR with a traceback."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+
+import pytest
+from aiohttp import ClientSession, web
+
+from handler.settings import load_settings
+
+
+class FakeWorker:
+    """A worker whose jobs wait for `gate`, then answer `size` characters."""
+
+    def __init__(self, **env):
+        self.settings = load_settings(env)
+        self.gate = asyncio.Event()
+        self.dead = None
+
+    async def handle(self, job):
+        await self.gate.wait()
+        yield {"text": "x" * int(job["input"].get("size", 1))}
+
+    def concurrency_modifier(self, current: int) -> int:
+        return 1
+
+    async def aclose(self):
+        pass
+
+
+async def serving(worker):
+    from handler.http.endpoint import LocalEndpoint
+    from handler.http.server import make_app
+
+    endpoint = LocalEndpoint(worker)
+    runner = web.AppRunner(make_app(endpoint))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return endpoint, runner, runner.addresses[0][1]
+
+
+async def post(session, port, path, body) -> tuple[int, dict]:
+    async with session.post(f"http://127.0.0.1:{port}/v2/ep{path}", json=body) as resp:
+        return resp.status, json.loads(await resp.text())
+
+
+def test_the_queue_has_a_cap_past_which_run_answers_429(loop):
+    async def main():
+        worker = FakeWorker(SERVE_MAX_QUEUED_JOBS="3")
+        endpoint, runner, port = await serving(worker)
+        try:
+            async with ClientSession() as session:
+                answers = [await post(session, port, "/run", {"input": {"n": i}}) for i in range(5)]
+                codes = [code for code, _ in answers]
+                assert codes == [200, 200, 200, 200, 429], answers  # one running, three waiting
+                assert "SERVE_MAX_QUEUED_JOBS" in answers[-1][1]["error"]
+                worker.gate.set()
+                for _, body in answers[:4]:
+                    assert await endpoint.wait_final(endpoint.get(body["id"]), 10)
+                assert (await post(session, port, "/run", {"input": {}}))[0] == 200  # room again
+        finally:
+            await runner.cleanup()
+
+    loop.run_until_complete(main())
+
+
+def test_retained_bytes_have_a_cap_the_oldest_finished_jobs_go_first(loop):
+    async def main():
+        worker = FakeWorker(SERVE_MAX_RETAINED_MB="1")
+        worker.gate.set()
+        endpoint, runner, port = await serving(worker)
+        try:
+            async with ClientSession() as session:
+                ids = []
+                for i in range(6):  # each result about 300 kB: 1 MB holds three
+                    code, body = await post(session, port, "/run", {"input": {"size": 300_000, "pad": "p" * 1000}})
+                    assert code == 200, body
+                    ids.append(body["id"])
+                    assert await endpoint.wait_final(endpoint.get(body["id"]), 10)
+                    assert endpoint.get(body["id"]).input is None  # a finished job's input is let go
+                assert endpoint.store.retained_bytes <= 1024 * 1024
+                kept = [jid for jid in ids if endpoint.get(jid) is not None]
+                assert kept == ids[-len(kept):] and 2 <= len(kept) < 6, kept  # the newest kept
+                async with session.get(f"http://127.0.0.1:{port}/v2/ep/status/{ids[0]}") as resp:
+                    assert resp.status == 404
+                # inputs waiting hold their bytes too: past the cap a new job is refused
+                worker.gate.clear()
+                big = {"input": {"pad": "p" * 400_000}}
+                assert (await post(session, port, "/run", big))[0] == 200  # it runs (its input held)
+                assert (await post(session, port, "/run", big))[0] == 200  # waits
+                code, body = await post(session, port, "/run", big)
+                assert code == 429 and "SERVE_MAX_RETAINED_MB" in body["error"], body
+                worker.gate.set()
+        finally:
+            await runner.cleanup()
+
+    loop.run_until_complete(main())
+
+
+def test_a_body_that_arrives_too_slowly_is_answered_408(loop):
+    async def main():
+        worker = FakeWorker(SERVE_BODY_TIMEOUT_S="0.5")
+        endpoint, runner, port = await serving(worker)
+        try:
+            def slow_sender() -> tuple[bytes, float]:
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                t0 = time.monotonic()
+                s.sendall(b"POST /v2/ep/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{\"input\": ")
+                reply = s.recv(400)
+                s.close()
+                return reply, time.monotonic() - t0
+
+            reply, took = await asyncio.get_running_loop().run_in_executor(None, slow_sender)
+            assert reply.startswith(b"HTTP/1.1 408") and b"SERVE_BODY_TIMEOUT_S" in reply, reply
+            assert took < 3, took
+            assert not endpoint.store.jobs
+        finally:
+            await runner.cleanup()
+
+    loop.run_until_complete(main())
+
+
+def test_a_malformed_request_is_one_warning_line(loop, caplog):
+    async def main():
+        endpoint, runner, port = await serving(FakeWorker())
+        try:
+            def send(raw: bytes) -> bytes:
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                s.sendall(raw)
+                reply = s.recv(200)
+                s.close()
+                return reply
+
+            for raw in (b"POST /v2/ep/run HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                        b"GET /v2/ep/health HTTP/1.1\r\nHost: x\r\nX-Bad\x01: y\r\n\r\n"):
+                reply = await asyncio.get_running_loop().run_in_executor(None, send, raw)
+                assert reply.startswith(b"HTTP/1.") and b" 400 " in reply[:20], reply
+        finally:
+            await runner.cleanup()
+
+    caplog.set_level(logging.DEBUG)
+    loop.run_until_complete(main())
+    bad = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert bad and all(r.levelno == logging.WARNING and r.exc_info is None for r in bad), [
+        (r.levelname, r.getMessage()) for r in bad]
+    assert all("\n" not in r.getMessage() and "malformed request" in r.getMessage() for r in bad)
+
+
+@pytest.mark.parametrize("name,value", [("SERVE_MAX_QUEUED_JOBS", 10_000), ("SERVE_MAX_RETAINED_MB", 1024),
+                                        ("SERVE_BODY_TIMEOUT_S", 30.0)])
+def test_the_bounds_default_to_generous_values(name, value):
+    assert getattr(load_settings({}), name.lower()) == value
