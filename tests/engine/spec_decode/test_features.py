@@ -18,12 +18,12 @@ PROMPTS = [list(range(5, 45)), [9, 8, 7, 6, 5, 9, 8, 7], [300, 200, 100] * 5, [4
 
 @pytest.fixture(scope="module")
 def plain(tiny_llama_dir):
-    return LLM(tiny_llama_dir, num_kv_blocks=256, max_model_len=1024)
+    return LLM(tiny_llama_dir, num_kv_blocks=256, max_model_len=512)
 
 
 @pytest.fixture(scope="module")
 def spec(tiny_llama_dir):
-    return LLM(tiny_llama_dir, num_kv_blocks=256, max_model_len=1024, speculative_config=NGRAM)
+    return LLM(tiny_llama_dir, num_kv_blocks=256, max_model_len=512, speculative_config=NGRAM)
 
 
 def run(llm, params, prompts=PROMPTS):
@@ -99,7 +99,7 @@ def test_n_and_seeds(plain, spec, monkeypatch):
     before = spec.stats()["spec_draft_tokens"]
     first = run(spec, sampled)
     assert spec.stats()["spec_draft_tokens"] > before
-    again = LLM(spec.engine.config.model, num_kv_blocks=256, max_model_len=1024, speculative_config=NGRAM)
+    again = LLM(spec.engine.config.model, num_kv_blocks=256, max_model_len=512, speculative_config=NGRAM)
     same(first, run(again, sampled))
     for outs in first:
         assert len(outs) == 2 and all(len(c.token_ids) == 16 for c in outs)

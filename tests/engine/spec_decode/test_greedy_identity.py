@@ -8,7 +8,7 @@ one forward, through the prefill attention path (k + 1 query rows over the paged
 (k + 1)-row matmuls, where decoding one token a step takes the decode attention path and
 1-row matmuls; sums are then taken in another order (float32 on the CPU: differences near
 1e-6 of the logits). A token flips only on a near tie of the top two logits; these runs show
-none does (and test_verify_logits.py bounds the difference itself)."""
+none does."""
 import random
 
 import pytest
