@@ -5,7 +5,7 @@ S1: summaries of meeting notes (benchmarks/data/notes_*.txt) and a 2,900-word re
 worker's summarize job asks for them (its messages, chat template and sampling), at c=1 (one
 document at a time) and c=4 (four clients, closed loop), n-gram speculation on against off in the
 same process, modes taking turns --runs times (medians). Same greedy text required; acceptance
-reported. `--sampling` compares the summarize jobs' sampling choices (acceptance, loops).
+reported. `--only sampling` compares the summarize jobs' sampling choices (acceptance, loops).
 Crossover: c = 1, 2, 4, 8 notes decoding together, speculation forced on against off.
 
     python3 benchmarks/spec_decode.py [--model PATH] [--runs 3] [--only S1 crossover sampling] [--out PATH]
@@ -218,9 +218,7 @@ def loop_report(text: str) -> dict:
     return {"longest_repeat_words": longest, "repeated_sentences": repeats, "words": len(words)}
 
 
-SAMPLINGS = {"frequency_penalty 0.5": {}, "no penalty": {"frequency_penalty": 0.0},
-             "no_repeat_output_ngram_size 6": {"frequency_penalty": 0.0, "no_repeat_output_ngram_size": 6},
-             "frequency_penalty 0.5, no_repeat_output_ngram_size 6": {"no_repeat_output_ngram_size": 6}}
+SAMPLINGS = {"frequency_penalty 0.5": {}, "no penalty": {"frequency_penalty": 0.0}}
 
 
 def main():

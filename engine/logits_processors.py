@@ -1,6 +1,6 @@
 """The per-request logits edits of vLLM's SamplingParams, on the logits' device, in vLLM
 V1's order: allowed_token_ids, bad_words, then logit_bias (penalties and min_tokens bans
-follow in the sampler); our no_repeat_output_ngram_size between bad_words and logit_bias. A request that sets none of them costs one attribute check;
+follow in the sampler). A request that sets none of them costs one attribute check;
 its device tensors are made once and kept on the Sequence."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from engine.sequence import Sequence
 
 def needs_edits(seq: Sequence) -> bool:
     p = seq.params
-    return bool(p.allowed_token_ids or p.bad_words_token_ids or p.logit_bias or p.no_repeat_output_ngram_size)
+    return bool(p.allowed_token_ids or p.bad_words_token_ids or p.logit_bias)
 
 
 def _cached(seq: Sequence, key: str, make, device: torch.device) -> torch.Tensor:
@@ -38,16 +38,6 @@ def banned_by_bad_words(seq: Sequence) -> list[int]:
     return banned
 
 
-def banned_by_output_repeats(seq: Sequence) -> list[int]:
-    """no_repeat_output_ngram_size n: the tokens that would make the output's last n tokens an
-    n-gram the output already holds (the prompt's n-grams stay free: a summary may copy them)."""
-    n, out = seq.params.no_repeat_output_ngram_size, seq.output_token_ids
-    if not n or len(out) < n:
-        return []
-    tail = out[len(out) - n + 1:]
-    return sorted({out[i + n - 1] for i in range(len(out) - n + 1) if out[i:i + n - 1] == tail})
-
-
 def apply_edits(row: torch.Tensor, seq: Sequence) -> None:
     """Edit one request's logits row [V] in place."""
     p, dev, vocab = seq.params, row.device, row.shape[-1]
@@ -59,10 +49,6 @@ def apply_edits(row: torch.Tensor, seq: Sequence) -> None:
         row.masked_fill_(_cached(seq, "disallowed", mask, dev), float("-inf"))
     if p.bad_words_token_ids:
         banned = [t for t in banned_by_bad_words(seq) if t < vocab]
-        if banned:
-            row.index_fill_(0, torch.tensor(banned).to(dev, non_blocking=True), float("-inf"))
-    if p.no_repeat_output_ngram_size:
-        banned = [t for t in banned_by_output_repeats(seq) if t < vocab]
         if banned:
             row.index_fill_(0, torch.tensor(banned).to(dev, non_blocking=True), float("-inf"))
     if p.logit_bias:

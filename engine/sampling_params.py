@@ -99,9 +99,6 @@ class SamplingParams:
     # speculative decoding for this request, when the engine has a speculative_config: None as the
     # config says, False never, True also under the config's opt_in (the worker's summarize jobs)
     speculative: bool | None = None
-    # loop protection (ours, not vLLM's): n > 0 bans a token that would repeat an n-gram of the output
-    # itself; unlike repetition or frequency penalties it leaves copying the prompt's words free
-    no_repeat_output_ngram_size: int = 0
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -146,8 +143,6 @@ class SamplingParams:
         _check_choices(self.n, self.best_of)
         _check_logits_edits(self)
         _check(self.speculative is None or isinstance(self.speculative, bool), "speculative", "must be true, false or unset")
-        _check(is_int(self.no_repeat_output_ngram_size) and 0 <= self.no_repeat_output_ngram_size <= 64,
-               "no_repeat_output_ngram_size", "must be an integer in [0, 64]")
 
     @property
     def num_choices(self) -> int:

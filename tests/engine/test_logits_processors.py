@@ -1,5 +1,4 @@
-"""vLLM's logits edits on the device: logit_bias, allowed_token_ids, bad_words, our
-no_repeat_output_ngram_size (and
+"""vLLM's logits edits on the device: logit_bias, allowed_token_ids, bad_words (and
 min_p, stop_token_ids, skip_special_tokens, spaces_between_special_tokens passed through);
 the input processor refuses token ids outside the vocabulary, naming the field."""
 import pytest
@@ -97,19 +96,3 @@ def test_bad_values_name_the_field(field, value):
     with pytest.raises(InvalidInputError) as err:
         SamplingParams(**kw)
     assert err.value.field == field
-
-
-def test_no_repeat_output_ngram_size_bans_loops_not_copies(llm):
-    """A token that would repeat an n-gram of the output is banned; the prompt's n-grams stay free."""
-    from engine.logits_processors import banned_by_output_repeats
-
-    seq = Sequence("r", None, [7, 8, 9, 7, 8], SamplingParams(no_repeat_output_ngram_size=3), 16)
-    seq.token_ids += [1, 2, 3, 1, 2]
-    assert banned_by_output_repeats(seq) == [3]  # (1, 2, 3) again; the prompt's (7, 8, 9) is free
-    seq.token_ids += [4, 1]
-    assert banned_by_output_repeats(seq) == []
-    for n in (2, 3):
-        out = llm.generate({"prompt_token_ids": [5, 6, 7] * 8}, SamplingParams(
-            max_tokens=40, temperature=0, ignore_eos=True, no_repeat_output_ngram_size=n))[0].outputs[0].token_ids
-        grams = [tuple(out[i:i + n]) for i in range(len(out) - n + 1)]
-        assert len(grams) == len(set(grams)), out
