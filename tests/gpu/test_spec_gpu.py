@@ -1,0 +1,43 @@
+"""Speculative decoding on the GPU, with the engine's CUDA graphs on: verify steps (k + 1
+positions a request, drafts from the run without speculation with every fifth token wrong)
+give the greedy tokens of decoding one token a step, at batch sizes across the decode graphs'
+ladder. A verify step takes the paged prefill kernel (k + 1 query rows over the paged context)
+and (k + 1)-row GEMMs where a decode step takes the decode kernel and 1-row GEMMs: sums run in
+another order, so in bfloat16 a token may flip, only at a near tie of its top two logprobs."""
+import pytest
+
+from engine import LLM, SamplingParams
+from tests.engine.spec_decode.oracle import use_oracle
+from tests.gpu.test_engine_fast_paths import _prompts, ckpt  # noqa: F401 - the shared checkpoint fixture
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verify_steps_keep_greedy_tokens(ckpt, dtype, monkeypatch):  # noqa: F811
+    prompts = _prompts(12, seed=5)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=2)
+    plain = LLM(ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32)
+    ref = plain.generate(prompts, params)
+    del plain
+    use_oracle(monkeypatch, {tuple(p["prompt_token_ids"]): r.outputs[0].token_ids for p, r in zip(prompts, ref)},
+               400)
+    llm = LLM(ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32, speculative_config=NGRAM)
+    got = llm.generate(prompts[:1], params) + llm.generate(prompts[1:4], params) + llm.generate(prompts[4:], params)
+    st = llm.stats()
+    assert st["kv_blocks_free"] == st["kv_blocks_total"]
+    assert st["spec_accepted_tokens"] > 0.5 * st["spec_draft_tokens"] > 0, st
+    flips = 0
+    for a, b in zip(ref, got):
+        ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
+        if ta != tb:
+            i = next(k for k, (x, y) in enumerate(zip(ta, tb)) if x != y)
+            top = sorted((v.logprob for v in a.outputs[0].logprobs[i].values()), reverse=True)
+            assert dtype == "bfloat16" and top[0] - top[1] < 0.25, (dtype, i, a.outputs[0].logprobs[i])
+            flips += 1
+            continue
+        for da, db, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, ta):
+            assert abs(da[t].logprob - db[t].logprob) < (1e-3 if dtype == "float32" else 0.25)
+    print(f"{dtype}: {st['spec_verify_steps']} verify steps, {st['spec_tokens_per_verify']:.2f} tokens a verify, "
+          f"{flips} of {len(ref)} sequences flipped at a near tie")
+    assert flips <= 2
