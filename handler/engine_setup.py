@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,13 +41,17 @@ def model_name(settings: Any) -> str:
     return DEFAULT_MODEL_NAME if serves_default_model(settings) else settings.model_name
 
 
-def engine_config(settings: Any, model: str):
-    """The EngineConfig for these settings, `model` the folder or hub id to load (raises engine
-    InvalidInputError naming the field)."""
+def engine_config(settings: Any, model: str, revision_in_path: bool = False):
+    """The EngineConfig for these settings, `model` the folder or hub id to load, served under
+    MODEL_NAME (or the default model's name); `revision_in_path`: `model` is already
+    MODEL_REVISION's snapshot (raises engine InvalidInputError naming the field)."""
     from engine import EngineConfig
 
     values = {name: getattr(settings, variable.lower()) for name, variable in ENGINE_FIELDS.items()}
     values["model"] = model
+    values["served_model_name"] = model_name(settings)
+    if revision_in_path:
+        values["revision"] = None
     values["prefix_cache_ttl_s"] = values["prefix_cache_ttl_s"] or None  # 0: cached blocks never expire
     if values["chat_template"] is None and serves_default_model(settings):  # its tool-aware template
         from handler.prepare.default_model import chat_template
@@ -82,15 +87,24 @@ def default_model_path(settings: Any, on_progress: Callable[[str], None] | None 
 
 
 def build_engine(settings: Any, on_progress: Callable[[str], None] | None = None):
-    """Resolve the model (preparing the default one if none is named) and load it. Blocking;
-    `on_progress` hears the default model's preparation steps."""
+    """Resolve the model (preparing the default one if none is named; a hub id already in a hub
+    cache loads from there, offline) and load it. Blocking; `on_progress` hears the default
+    model's preparation steps."""
     from engine import AsyncLLMEngine
 
+    from handler.cached_model import find_cached_model
     from handler.model_roots import check_model_path
+    from handler.start_checks import check_cached_snapshot
 
     model = default_model_path(settings, on_progress) if serves_default_model(settings) else settings.model_name
     check_model_path(model, settings)  # ALLOWED_MODEL_ROOTS, before any file of it is read
-    return AsyncLLMEngine.from_config(engine_config(settings, model))
+    cached = None if serves_default_model(settings) else find_cached_model(settings)
+    if cached is None:  # the default model, a local folder, or a hub id to download
+        return AsyncLLMEngine.from_config(engine_config(settings, model))
+    check_cached_snapshot(settings.model_name, cached.snapshot)
+    log.info("MODEL_NAME=%s: loading the cached model in %s, snapshot %s (%s), offline", settings.model_name,
+             cached.repo_folder, os.path.basename(cached.snapshot), cached.chosen_by)
+    return AsyncLLMEngine.from_config(engine_config(settings, cached.snapshot, revision_in_path=True))
 
 
 class EngineLoader:

@@ -88,10 +88,12 @@ def _s(name, type_, default, description, **kw) -> Setting:
 SETTINGS: tuple[Setting, ...] = (
     # model and engine (worker-vllm's names where they exist)
     _s("MODEL_NAME", "str", None, "Hugging Face hub id or local folder of the model, safetensors, of a supported "
-       "architecture (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Phi-3/4, Gemma 2, Gemma 3 text). Unset: the "
-       "embedded default model "
+       "architecture (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Phi-3/4, Gemma 2, Gemma 3 text). A hub id "
+       "already in a Hugging Face hub cache (RunPod's cached models, a network volume under BASE_PATH, HF_HOME) "
+       "loads from there with no hub call, served under the name as written. Unset: the embedded default model "
        "(SmolLM2-135M-Instruct, AWQ 4-bit), prepared once into the cache.", group="model"),
-    _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME.", group="model"),
+    _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME; of a cached model, the "
+       "snapshot to load (unset: the one refs/main names, else the newest).", group="model"),
     _s("TOKENIZER_NAME", "str", None, "Hub id or folder of a tokenizer to use in place of the model's "
        "(worker-vllm's name; `TOKENIZER` too).", group="model"),
     _s("TOKENIZER_REVISION", "str", None, "Hub revision of TOKENIZER_NAME.", group="model"),
