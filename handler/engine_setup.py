@@ -152,6 +152,19 @@ class EngineLoader:
             raise JobError(err.code, err.message, retryable=err.retryable)
         return task.result()
 
+    def load_in_background(self) -> asyncio.Task:
+        """Start the load on the running event loop now, not on the first job's demand (a
+        load-balancing worker); jobs arriving meanwhile wait for the same load. The task's result
+        is the engine, or it raises the load's JobError (model_load_failed), its cause chained."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._load())
+        return self._task
+
+    @property
+    def failed(self) -> bool:
+        """The load failed (every job fails model_load_failed)."""
+        return self._error is not None
+
     def load_now(self) -> None:
         """Load before any job (a worker with MODEL_NAME: a model that cannot serve is found at
         start, not by the jobs). Blocking; raises the load's JobError (model_load_failed), its

@@ -240,6 +240,18 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=0, exclusive_minimum=True),
     _s("SERVE_BODY_TIMEOUT_S", "float", 30.0, "`--serve`: seconds a request's body may take to arrive; a slower "
        "one is answered 408 and its connection closed.", minimum=0, exclusive_minimum=True),
+    _s("LOAD_BALANCING", "bool", False, "Serve as a RunPod load-balancing endpoint's worker (as `python -m handler "
+       "--load-balancing`): plain HTTP on PORT, no queue: the OpenAI routes (/v1/chat/completions, /v1/completions, "
+       "/v1/responses, /v1/models) and POST /runsync (a job's `{\"input\"}`, answered with its result), `GET /ping` "
+       "on PORT_HEALTH; the model loads at start. Past the worker's concurrency a request is answered 429."),
+    _s("PORT", "int", 80, "Load-balancing mode: the port of the API (RunPod's variable; expose it as an HTTP port "
+       "of the endpoint).", minimum=1, maximum=65535),
+    _s("PORT_HEALTH", "int", None, "Load-balancing mode: the port of `GET /ping` (RunPod's variable: 204 while the "
+       "model loads, 200 ready, 503 unhealthy or stopping); unset: PORT.", minimum=1, maximum=65535),
+    _s("LB_REQUEST_TIMEOUT_S", "float", 330.0, "Load-balancing mode: most seconds one request runs (RunPod cuts a "
+       "load-balanced request at 5.5 minutes): a request still running then fails `timeout` with its partial text "
+       "(a stream ends with that error as its last event). A job's own `timeout_s` may only be shorter.",
+       minimum=0, exclusive_minimum=True),
     _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port (`/metrics`, for pods); unset: not "
        "served.", minimum=1, maximum=65535),
     _s("METRICS_HOST", "str", "127.0.0.1", "Address the METRICS_PORT server binds: 127.0.0.1 keeps the metrics "
