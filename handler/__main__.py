@@ -38,7 +38,7 @@ def _load_first(worker) -> int:
     the cause: 2 for a setting the model refuses (as any bad setting), 1 for the load itself.
     The embedded default model loads on the first job (prepared once, then cached)."""
     from handler.errors import JobError
-    from handler.start_checks import load_failure_exit
+    from handler.engine_setup import load_failure_exit
 
     settings = worker.settings
     if not settings.model_name:

@@ -241,3 +241,17 @@ class EngineLoader:
             self._summary_task = None
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             await self.engine.shutdown()
+
+
+def load_failure_exit(settings: Any, exc: Any) -> int:
+    """A model that could not load at start (`exc`: the load's JobError, its cause chained): log
+    why, naming the setting, and return the worker's exit status: 2 for a setting the model
+    refuses (as any bad setting), 1 for the load itself."""
+    cause = exc.__cause__
+    variable = ENGINE_FIELDS.get(getattr(cause, "field", None) or "")
+    if variable:  # a setting the model refuses (MAX_MODEL_LEN past its positions)
+        message = cause.message.replace("allow_long_max_model_len=True", "ALLOW_LONG_MAX_MODEL_LEN=true")
+        log.error("invalid setting: %s=%r: %s", variable, getattr(settings, variable.lower()), message)
+        return 2
+    log.error("the model could not be loaded (MODEL_NAME=%s): %s; taking no job", settings.model_name, exc.message)
+    return 1

@@ -2,13 +2,11 @@
 probe conversation (a broken template would fail every chat job `invalid_input`, blaming the
 client's messages, while the worker never said its setting was wrong), and a cached model's
 snapshot holds the files it needs (else it fails naming MODEL_NAME and the folder, not a file
-deep inside the load); and the exit status of a worker whose model cannot load at start."""
+deep inside the load). A worker whose model cannot load at start exits as
+handler.engine_setup.load_failure_exit says."""
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-log = logging.getLogger("handler")
 
 PROBE = [{"role": "user", "content": "Hello, what can you do?"}]
 
@@ -62,19 +60,3 @@ def check_cached_snapshot(model_name: str, path: str) -> None:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"MODEL_NAME={model_name}: the cached snapshot {path} is incomplete: "
                              f"{', '.join(missing[:5])}{more} missing")
-
-
-def load_failure_exit(settings: Any, exc: Any) -> int:
-    """A model that could not load at start (`exc`: the load's JobError, its cause chained): log
-    why, naming the setting, and return the worker's exit status: 2 for a setting the model
-    refuses (as any bad setting), 1 for the load itself."""
-    from handler.engine_setup import ENGINE_FIELDS
-
-    cause = exc.__cause__
-    variable = ENGINE_FIELDS.get(getattr(cause, "field", None) or "")
-    if variable:  # a setting the model refuses (MAX_MODEL_LEN past its positions)
-        message = cause.message.replace("allow_long_max_model_len=True", "ALLOW_LONG_MAX_MODEL_LEN=true")
-        log.error("invalid setting: %s=%r: %s", variable, getattr(settings, variable.lower()), message)
-        return 2
-    log.error("the model could not be loaded (MODEL_NAME=%s): %s; taking no job", settings.model_name, exc.message)
-    return 1

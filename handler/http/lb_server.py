@@ -77,7 +77,7 @@ class BalancedServer:
             if not load_seen and self.load.done():
                 load_seen = True
                 if self.load.exception() is not None:
-                    from handler.start_checks import load_failure_exit
+                    from handler.engine_setup import load_failure_exit
 
                     error = self.load.exception()
                     return load_failure_exit(self.worker.settings, error) if isinstance(error, JobError) else 1
