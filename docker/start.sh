@@ -9,8 +9,9 @@
 #  - a named model was baked and MODEL_NAME is unset or names it: MODEL_NAME
 #    becomes the baked folder and the OpenAI routes report the baked name;
 #  - either way HF_HUB_OFFLINE=1: nothing is downloaded at start;
-#  - any other MODEL_NAME loads from the hub into the Hugging Face cache under
-#    BASE_PATH (the network volume), so later cold starts reuse it.
+#  - any other MODEL_NAME loads from a Hugging Face cache that already holds it
+#    (RunPod's cached models, the network volume), offline, else from the hub
+#    into the Hugging Face cache under BASE_PATH, so later cold starts reuse it.
 set -eu
 
 baked=${BAKED_MODEL_DIR:-/models/baked}
@@ -40,7 +41,7 @@ if [ -f "$baked/baked.env" ]; then
         export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
         say "serving the baked model ${BAKED_MODEL_LABEL} from $MODEL_NAME (HF_HUB_OFFLINE=$HF_HUB_OFFLINE)"
     else
-        say "MODEL_NAME=${name:-(unset: the default model)}${revision:+@$revision} is not the baked model (${BAKED_MODEL_LABEL}); it loads from the hub, $elsewhere"
+        say "MODEL_NAME=${name:-(unset: the default model)}${revision:+@$revision} is not the baked model (${BAKED_MODEL_LABEL}); it loads from a cache that holds it, else from the hub, $elsewhere"
     fi
 else
     say "no baked model in $baked; ${name:-the default model} loads $elsewhere"

@@ -62,7 +62,7 @@ class AsyncLLMEngine:
 
     @property
     def model_name(self) -> str:
-        return self.engine.config.model
+        return self.engine.config.served_model_name or self.engine.config.model
 
     @property
     def is_dead(self) -> bool:

@@ -16,6 +16,9 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", 
 class EngineConfig:
     model: str
     revision: str | None = None
+    # the name the model is known by (logs, the served name), when `model` is a folder standing for
+    # it (a hub cache's snapshot); None: `model` itself (vLLM's served_model_name)
+    served_model_name: str | None = None
     tokenizer: str | None = None
     tokenizer_revision: str | None = None  # None: the model's revision (when tokenizer is None too)
     chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's own (vLLM's --chat-template)

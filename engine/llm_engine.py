@@ -100,7 +100,8 @@ class LLMEngine:
         self.model = loader.load_model(spec, path, self.dtype, self.device, max_positions=self.max_model_len,
                                        load_format=config.load_format, seed=config.seed, tp=tp,
                                        wrap_weights=self.faults.wrap_weights, name=config.model)
-        log.info("loaded %s (%s, %s) in %.1fs", config.model, self.dtype, self.device, time.monotonic() - t0)
+        log.info("loaded %s (%s, %s) in %.1fs", config.served_model_name or config.model, self.dtype, self.device,
+                 time.monotonic() - t0)
         budget = config.max_num_batched_tokens or (8192 if self.device.startswith("cuda") else 2048)
         self.max_num_batched_tokens = budget
         make_runner = self.workers.runner if self.workers else ModelRunner  # TP: one runner per rank

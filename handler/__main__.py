@@ -1,6 +1,7 @@
 """`python -m handler`: validate the settings, then serve jobs through
-runpod.serverless.start (or run one job locally with --test_input, or serve
-RunPod's /v2 REST API on this machine with --serve)."""
+runpod.serverless.start (or run one job locally with --test_input, serve
+RunPod's /v2 REST API on this machine with --serve, or serve plain HTTP as a
+load-balancing endpoint's worker with --load-balancing or LOAD_BALANCING=true)."""
 from __future__ import annotations
 
 import time
@@ -22,7 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--print-settings", action="store_true", help="print the settings table (Markdown) and exit")
     p.add_argument("--serve", action="store_true", help="serve RunPod's /v2/<endpoint_id> REST API (run, runsync, "
                    "status, stream, cancel, health, openai/v1) locally, jobs run on this worker")
-    p.add_argument("--host", default="127.0.0.1", help="--serve: the address to listen on (default 127.0.0.1)")
+    p.add_argument("--load-balancing", action="store_true", help="serve as a RunPod load-balancing endpoint's "
+                   "worker (as LOAD_BALANCING=true): OpenAI routes under /v1 and POST /runsync on PORT, GET /ping "
+                   "on PORT_HEALTH")
+    p.add_argument("--host", default=None, help="--serve: the address to listen on (default 127.0.0.1); "
+                   "--load-balancing: default 0.0.0.0")
     p.add_argument("--port", type=int, default=8000, help="--serve: the port (default 8000)")
     return p
 
@@ -33,6 +38,7 @@ def _load_first(worker) -> int:
     the cause: 2 for a setting the model refuses (as any bad setting), 1 for the load itself.
     The embedded default model loads on the first job (prepared once, then cached)."""
     from handler.errors import JobError
+    from handler.engine_setup import load_failure_exit
 
     settings = worker.settings
     if not settings.model_name:
@@ -40,16 +46,7 @@ def _load_first(worker) -> int:
     try:
         worker.loader.load_now()
     except JobError as exc:
-        from handler.engine_setup import ENGINE_FIELDS
-
-        variable = ENGINE_FIELDS.get(getattr(exc.__cause__, "field", None) or "")
-        if variable:  # a setting the model refuses (MAX_MODEL_LEN past its positions)
-            message = exc.__cause__.message.replace("allow_long_max_model_len=True", "ALLOW_LONG_MAX_MODEL_LEN=true")
-            log.error("invalid setting: %s=%r: %s", variable, getattr(settings, variable.lower()), message)
-            return 2
-        log.error("the model could not be loaded (MODEL_NAME=%s): %s; taking no job", settings.model_name,
-                  exc.message)
-        return 1
+        return load_failure_exit(settings, exc)
     return 0
 
 
@@ -87,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
         store = JobStore.for_settings(settings)
         worker = Worker(settings, progress=store.progress)
-        return _load_first(worker) or serve(worker, store, args.host, args.port)
+        return _load_first(worker) or serve(worker, store, args.host or "127.0.0.1", args.port)
+    if args.load_balancing or settings.load_balancing:
+        from handler.http.lb_server import serve_load_balanced
+
+        return serve_load_balanced(Worker(settings), args.host or "0.0.0.0")  # loads while /ping says 204
     serve_api = "--rp_serve_api" in rest
     local = args.test_input is not None or (not serve_api and not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"))
     if local:

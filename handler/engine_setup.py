@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,14 +54,18 @@ def speculative_config(settings: Any) -> dict | None:
     return SUMMARIZE_NGRAM if getattr(settings, "summarize_speculation", False) else None
 
 
-def engine_config(settings: Any, model: str):
-    """The EngineConfig for these settings, `model` the folder or hub id to load (raises engine
-    InvalidInputError naming the field)."""
+def engine_config(settings: Any, model: str, revision_in_path: bool = False):
+    """The EngineConfig for these settings, `model` the folder or hub id to load, served under
+    MODEL_NAME (or the default model's name); `revision_in_path`: `model` is already
+    MODEL_REVISION's snapshot (raises engine InvalidInputError naming the field)."""
     from engine import EngineConfig
 
     values = {name: getattr(settings, variable.lower()) for name, variable in ENGINE_FIELDS.items()}
     values["model"] = model
     values["speculative_config"] = speculative_config(settings)
+    values["served_model_name"] = model_name(settings)
+    if revision_in_path:
+        values["revision"] = None
     values["prefix_cache_ttl_s"] = values["prefix_cache_ttl_s"] or None  # 0: cached blocks never expire
     if values["chat_template"] is None and serves_default_model(settings):  # its tool-aware template
         from handler.prepare.default_model import chat_template
@@ -96,15 +101,24 @@ def default_model_path(settings: Any, on_progress: Callable[[str], None] | None 
 
 
 def build_engine(settings: Any, on_progress: Callable[[str], None] | None = None):
-    """Resolve the model (preparing the default one if none is named) and load it. Blocking;
-    `on_progress` hears the default model's preparation steps."""
+    """Resolve the model (preparing the default one if none is named; a hub id already in a hub
+    cache loads from there, offline) and load it. Blocking; `on_progress` hears the default
+    model's preparation steps."""
     from engine import AsyncLLMEngine
 
+    from handler.cached_model import find_cached_model
     from handler.model_roots import check_model_path
+    from handler.start_checks import check_cached_snapshot
 
     model = default_model_path(settings, on_progress) if serves_default_model(settings) else settings.model_name
     check_model_path(model, settings)  # ALLOWED_MODEL_ROOTS, before any file of it is read
-    return AsyncLLMEngine.from_config(engine_config(settings, model))
+    cached = None if serves_default_model(settings) else find_cached_model(settings)
+    if cached is None:  # the default model, a local folder, or a hub id to download
+        return AsyncLLMEngine.from_config(engine_config(settings, model))
+    check_cached_snapshot(settings.model_name, cached.snapshot)
+    log.info("MODEL_NAME=%s: loading the cached model in %s, snapshot %s (%s), offline", settings.model_name,
+             cached.repo_folder, os.path.basename(cached.snapshot), cached.chosen_by)
+    return AsyncLLMEngine.from_config(engine_config(settings, cached.snapshot, revision_in_path=True))
 
 
 class EngineLoader:
@@ -151,6 +165,19 @@ class EngineLoader:
             err = JobError.from_exception(task.exception())
             raise JobError(err.code, err.message, retryable=err.retryable)
         return task.result()
+
+    def load_in_background(self) -> asyncio.Task:
+        """Start the load on the running event loop now, not on the first job's demand (a
+        load-balancing worker); jobs arriving meanwhile wait for the same load. The task's result
+        is the engine, or it raises the load's JobError (model_load_failed), its cause chained."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._load())
+        return self._task
+
+    @property
+    def failed(self) -> bool:
+        """The load failed (every job fails model_load_failed)."""
+        return self._error is not None
 
     def load_now(self) -> None:
         """Load before any job (a worker with MODEL_NAME: a model that cannot serve is found at
@@ -228,3 +255,17 @@ class EngineLoader:
             self._summary_task = None
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             await self.engine.shutdown()
+
+
+def load_failure_exit(settings: Any, exc: Any) -> int:
+    """A model that could not load at start (`exc`: the load's JobError, its cause chained): log
+    why, naming the setting, and return the worker's exit status: 2 for a setting the model
+    refuses (as any bad setting), 1 for the load itself."""
+    cause = exc.__cause__
+    variable = ENGINE_FIELDS.get(getattr(cause, "field", None) or "")
+    if variable:  # a setting the model refuses (MAX_MODEL_LEN past its positions)
+        message = cause.message.replace("allow_long_max_model_len=True", "ALLOW_LONG_MAX_MODEL_LEN=true")
+        log.error("invalid setting: %s=%r: %s", variable, getattr(settings, variable.lower()), message)
+        return 2
+    log.error("the model could not be loaded (MODEL_NAME=%s): %s; taking no job", settings.model_name, exc.message)
+    return 1

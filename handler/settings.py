@@ -88,10 +88,12 @@ def _s(name, type_, default, description, **kw) -> Setting:
 SETTINGS: tuple[Setting, ...] = (
     # model and engine (worker-vllm's names where they exist)
     _s("MODEL_NAME", "str", None, "Hugging Face hub id or local folder of the model, safetensors, of a supported "
-       "architecture (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Phi-3/4, Gemma 2, Gemma 3 text). Unset: the "
-       "embedded default model "
+       "architecture (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE, Phi-3/4, Gemma 2, Gemma 3 text). A hub id "
+       "already in a Hugging Face hub cache (RunPod's cached models, a network volume under BASE_PATH, HF_HOME) "
+       "loads from there with no hub call, served under the name as written. Unset: the embedded default model "
        "(SmolLM2-135M-Instruct, AWQ 4-bit), prepared once into the cache.", group="model"),
-    _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME.", group="model"),
+    _s("MODEL_REVISION", "str", None, "Hub revision (branch, tag or commit) of MODEL_NAME; of a cached model, the "
+       "snapshot to load (unset: the one refs/main names, else the newest).", group="model"),
     _s("TOKENIZER_NAME", "str", None, "Hub id or folder of a tokenizer to use in place of the model's "
        "(worker-vllm's name; `TOKENIZER` too).", group="model"),
     _s("TOKENIZER_REVISION", "str", None, "Hub revision of TOKENIZER_NAME.", group="model"),
@@ -246,6 +248,18 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=0, exclusive_minimum=True),
     _s("SERVE_BODY_TIMEOUT_S", "float", 30.0, "`--serve`: seconds a request's body may take to arrive; a slower "
        "one is answered 408 and its connection closed.", minimum=0, exclusive_minimum=True),
+    _s("LOAD_BALANCING", "bool", False, "Serve as a RunPod load-balancing endpoint's worker (as `python -m handler "
+       "--load-balancing`): plain HTTP on PORT, no queue: the OpenAI routes (/v1/chat/completions, /v1/completions, "
+       "/v1/responses, /v1/models) and POST /runsync (a job's `{\"input\"}`, answered with its result), `GET /ping` "
+       "on PORT_HEALTH; the model loads at start. Past the worker's concurrency a request is answered 429."),
+    _s("PORT", "int", 80, "Load-balancing mode: the port of the API (RunPod's variable; expose it as an HTTP port "
+       "of the endpoint).", minimum=1, maximum=65535),
+    _s("PORT_HEALTH", "int", None, "Load-balancing mode: the port of `GET /ping` (RunPod's variable: 204 while the "
+       "model loads, 200 ready, 503 unhealthy or stopping); unset: PORT.", minimum=1, maximum=65535),
+    _s("LB_REQUEST_TIMEOUT_S", "float", 330.0, "Load-balancing mode: most seconds one request runs (RunPod cuts a "
+       "load-balanced request at 5.5 minutes): a request still running then fails `timeout` with its partial text "
+       "(a stream ends with that error as its last event). A job's own `timeout_s` may only be shorter.",
+       minimum=0, exclusive_minimum=True),
     _s("METRICS_PORT", "int", None, "Serve Prometheus metrics on this port (`/metrics`, for pods); unset: not "
        "served.", minimum=1, maximum=65535),
     _s("METRICS_HOST", "str", "127.0.0.1", "Address the METRICS_PORT server binds: 127.0.0.1 keeps the metrics "

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from handler.http.endpoint import LocalEndpoint
+from handler.http.endpoint import JobEndpoint
 from handler.http.jobs import COMPLETED, FAILED, FINAL, Job
 from handler.http.rest import ENDPOINT, MAX_RUNSYNC_BODY, body_timeout, dumps, read_json, reply
 
@@ -35,6 +35,11 @@ def error_object(job: Job) -> dict:
             err = {"code": "internal_error", "message": str(job.error), "retryable": False}
     else:
         err = {"code": "cancelled", "message": f"the job ended {job.status}", "retryable": False}
+    return openai_error(err)
+
+
+def openai_error(err: dict) -> dict:
+    """An error object (`{"code", "message", "retryable", ...}`) as OpenAI clients read it."""
     status = HTTP_STATUS.get(err.get("code"), 500)
     kind = "invalid_request_error" if status == 400 else "server_error"
     return {"error": {**err, "message": err.get("message", ""), "type": kind, "param": err.get("field")}}
@@ -54,7 +59,7 @@ def sse(item: Any) -> str:
     return "".join(f"data: {dumps(c)}\n\n" for c in chunks)
 
 
-async def stream_reply(endpoint: LocalEndpoint, job: Job, request: web.Request) -> web.StreamResponse:
+async def stream_reply(endpoint: JobEndpoint, job: Job, request: web.Request) -> web.StreamResponse:
     """The job's items as server-sent events while they come; a failure before the first item
     answers an HTTP error instead."""
     while not job.stream and job.status not in FINAL:
@@ -87,8 +92,9 @@ async def stream_reply(endpoint: LocalEndpoint, job: Job, request: web.Request) 
     return response
 
 
-def openai_routes(endpoint: LocalEndpoint) -> list[web.RouteDef]:
-    """The /openai/v1 routes of `endpoint`."""
+def openai_routes(endpoint: JobEndpoint, base: str = ENDPOINT + "/openai/v1") -> list[web.RouteDef]:
+    """The OpenAI routes of `endpoint` under `base` (RunPod's /v2/{endpoint_id}/openai/v1; a
+    load-balancing worker's /v1)."""
 
     timeout = body_timeout(endpoint)
 
@@ -115,7 +121,6 @@ def openai_routes(endpoint: LocalEndpoint) -> list[web.RouteDef]:
     async def models(request: web.Request) -> web.StreamResponse:
         return await run(request, "/v1/models", None)
 
-    base = ENDPOINT + "/openai/v1"
     return [
         web.post(base + "/chat/completions", chat),
         web.post(base + "/completions", completions),

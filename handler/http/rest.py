@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from handler.http.endpoint import LocalEndpoint
+from handler.http.endpoint import JobEndpoint, LocalEndpoint
 from handler.http.jobs import IN_QUEUE, NOT_FOUND
 
 log = logging.getLogger("handler.http")
@@ -56,7 +56,7 @@ async def read_json(request: web.Request, limit: int, timeout: float = DEFAULT_B
                                  content_type="application/json") from None
 
 
-def body_timeout(endpoint: LocalEndpoint) -> float:
+def body_timeout(endpoint: JobEndpoint) -> float:
     """SERVE_BODY_TIMEOUT_S of the endpoint's worker."""
     return getattr(endpoint.worker.settings, "serve_body_timeout_s", None) or DEFAULT_BODY_TIMEOUT_S
 
