@@ -8,9 +8,10 @@ runs it; not part of the image):
 a streamed chat job (timed from `docker run` to its first streamed token: the cold start,
 the model baked), the README's summarize job (examples/summarize_job.json), an OpenAI route
 job, `prompt_too_long`, `truncated` with `on_truncation: "error"`, every job of tests.json
-(what the Hub runs), and last `docker stop` while two long jobs run: each must end COMPLETED
-or FAILED with a coded error, none lost. Prints each job's status; exits 1 when any ending
-is not the expected one.
+(what the Hub runs), and `docker stop` while two long jobs run: each must end COMPLETED
+or FAILED with a coded error, none lost. Last, `docker run --network none` (no network at
+all): the baked model loads and answers a job given by --test_input. Prints each job's
+status; exits 1 when any ending is not the expected one.
 """
 from __future__ import annotations
 
@@ -117,6 +118,23 @@ def _stop_while_running(fake, name: str, timeout_s: float) -> tuple[dict, float]
     return ids, stop_s
 
 
+def _offline_job(image: str, timeout_s: float) -> int:
+    """The container with no network at all answers a job (local mode: there is no control
+    plane to reach); the count of failures (0 or 1)."""
+    job = {"input": {"prompt": "Meeting notes: the budget moved to May.",
+                     "sampling_params": {"max_tokens": 8, "ignore_eos": True, **GREEDY}}}
+    try:
+        r = _docker("run", "--rm", "--network", "none", image, "sh", "/opt/worker/start.sh", "--test_input",
+                    json.dumps(job), check=False, timeout=timeout_s)
+        ok, detail = r.returncode == 0 and '"COMPLETED"' in r.stdout, f"exit {r.returncode}"
+    except subprocess.TimeoutExpired:
+        ok, r, detail = False, None, f"no answer in {timeout_s:.0f}s"
+    print(f"  {'ok  ' if ok else 'FAIL'} {'docker run --network none, one job':44s} {detail}")
+    if not ok and r is not None:
+        print("image_jobs: its output (tail):\n" + (r.stdout + r.stderr)[-3000:])
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="run_image_jobs.py", description=__doc__.split("\n\n")[0])
     p.add_argument("image")
@@ -157,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             print("image_jobs: the container's log (tail):\n" + logs.stdout + logs.stderr)
         _docker("rm", "-f", args.name, check=False)
+    bad += _offline_job(args.image, args.timeout)
     print(f"image_jobs: {'all jobs ended as expected' if not bad else f'{bad} unexpected ending(s)'}")
     return 1 if bad else 0
 

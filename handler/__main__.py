@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import runpod
 
+    from handler.runpod_loop.fitness import configure_fitness_checks
     from handler.runpod_loop.scaler import start
 
     worker = Worker(settings, progress=runpod.serverless.progress_update)
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.metrics_port:
         worker.metrics.start_server(settings.metrics_port, settings.metrics_host)
     sys.argv = [sys.argv[0], *rest]  # the SDK parses its own --rp_* flags
+    configure_fitness_checks()  # the SDK's start-up checks, its public-DNS one only a warning
     # runpod.serverless.start with our job loop: per-job parsing of takes, a drain with a deadline
     start(worker.runpod_config(), worker.drain)
     worker.close()
