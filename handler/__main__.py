@@ -21,6 +21,8 @@ def _parser() -> argparse.ArgumentParser:
                                 description="RunPod serverless LLM worker. Other --rp_* flags go to the runpod SDK.")
     p.add_argument("--test_input", default=None, help='run one job locally, e.g. \'{"input": {"prompt": "Hi"}}\'')
     p.add_argument("--print-settings", action="store_true", help="print the settings table (Markdown) and exit")
+    p.add_argument("--print-worker-vllm-settings", action="store_true", help="print the table of worker-vllm's "
+                   "variables and what this worker does with each (Markdown) and exit")
     p.add_argument("--serve", action="store_true", help="serve RunPod's /v2/<endpoint_id> REST API (run, runsync, "
                    "status, stream, cancel, health, openai/v1) locally, jobs run on this worker")
     p.add_argument("--load-balancing", action="store_true", help="serve as a RunPod load-balancing endpoint's "
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.print_settings:
         sys.stdout.write(settings_markdown())
+        return 0
+    if args.print_worker_vllm_settings:
+        from handler.worker_vllm_names import markdown
+
+        sys.stdout.write(markdown())
         return 0
     configure_logging("info")  # until LOG_LEVEL itself is checked
     try:

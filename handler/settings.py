@@ -10,16 +10,10 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from handler.setting_error import SettingsError  # its callers import it from here
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-class SettingsError(ValueError):
-    """A bad environment variable; the message starts with the variable's name."""
-
-    def __init__(self, name: str, raw: str, problem: str):
-        super().__init__(f"{name}={raw!r}: {problem}")
-        self.name = name
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,11 +220,11 @@ SETTINGS: tuple[Setting, ...] = (
        "calls parsed from the model's text (TOOL_CALL_PARSER); false: `auto` fails invalid_input and tools without "
        "a tool_choice get text, as vLLM without --enable-auto-tool-choice (its default is false)."),
     _s("TOOL_CALL_PARSER", "str", None, "Tool-call format of the model's text, vLLM's --tool-call-parser names: "
-       "`hermes` (Qwen2.5, Qwen3), `llama3_json`, `mistral`; unset: chosen from the chat template's markers. Other "
-       "names of vLLM's are accepted, logged at start, and tool_choice auto then fails invalid_input."),
+       "`hermes` (Qwen2.5, Qwen3), `llama3_json`, `mistral`; unset: chosen from the chat template's markers. Another "
+       "of vLLM's names stops the worker at start, unless ENABLE_AUTO_TOOL_CHOICE is false (then it is logged)."),
     _s("REASONING_PARSER", "str", None, "`qwen3` or `deepseek_r1` (vLLM's --reasoning-parser): `<think>...</think>` "
        "returned as `reasoning_content` (streamed as delta.reasoning_content; a Responses reasoning item); unset: "
-       "the text stays whole. Other names are logged at start and ignored."),
+       "the text stays whole. Another of vLLM's names stops the worker at start."),
     _s("OUTPUT_FORMAT", "choice", "default", "Items of non-OpenAI jobs: `default` (text, finish_reason, truncated, "
        "usage, timings) or `worker-vllm` (its `{\"choices\": [{\"tokens\": [...]}], \"usage\": {\"input\", "
        "\"output\"}}`).", choices=("default", "worker-vllm")),
@@ -287,7 +281,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Any:
     Raises SettingsError for the first bad value, naming its variable."""
     from handler.worker_vllm_env import translate
 
-    env = translate(os.environ if env is None else env)[0]  # worker-vllm's names and values (DTYPE=half, ...)
+    # worker-vllm's names and values read as ours (DTYPE=half, ...); its variables we cannot honour refused
+    env = translate(os.environ if env is None else env)[0]
     values = {}
     for s in SETTINGS:
         raw = env.get(s.name)

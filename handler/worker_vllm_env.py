@@ -1,19 +1,18 @@
-"""worker-vllm's environment variables (its README and docs/configuration.md, old and new):
-each is honoured under our own setting of the same name, read under ours through an alias
-(`translate`), or logged once at start as not applicable here (`start_notes`); none stops
-the worker. Values worker-vllm accepts that ours would refuse are mapped (DTYPE=half) or
-dropped to our default with a note (MAX_MODEL_LEN=auto)."""
+"""worker-vllm's environment variables at start, as handler.worker_vllm_names rules them:
+`translate` (load_settings calls it) refuses the variables whose meaning this worker cannot
+honour (SettingsError naming the variable and what to do: the worker exits 2 as for any bad
+setting), reads VLLM_EXTRA_ARGS's flags as their variables, worker-vllm's names as ours
+(ALIASES) and its values as ours (DTYPE=half, MAX_MODEL_LEN=auto, ...); `start_notes` are the
+lines logged once at start for the variables that do not apply here."""
 from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
 
-# worker-vllm's name -> ours (ours wins when both are set)
-ALIASES = {
-    "DEFAULT_MIN_BATCH_SIZE": "MIN_BATCH_SIZE", "DEFAULT_BATCH_SIZE_GROWTH_FACTOR": "BATCH_SIZE_GROWTH_FACTOR",
-    "NUM_GPU_BLOCKS_OVERRIDE": "NUM_KV_BLOCKS", "TOKENIZER": "TOKENIZER_NAME",
-    "SERVED_MODEL_NAME": "OPENAI_SERVED_MODEL_NAME_OVERRIDE", "REQUEST_TIMEOUT": "JOB_TIMEOUT_S",
-}
+from handler.setting_error import SettingsError
+from handler.worker_vllm_args import NAME as EXTRA, parse as parse_extra_args
+from handler.worker_vllm_names import ALIASES, EXTRA_ARGS_RULES, NOTED, REFUSED, RULES, Rule
+
 DTYPES = {"half": "float16", "float": "float32"}
 # vLLM's names this engine has no method for (ours: awq, gptq and their _marlin names, compressed-tensors, fp8)
 VLLM_ONLY_QUANTIZATIONS = frozenset({
@@ -22,52 +21,37 @@ VLLM_ONLY_QUANTIZATIONS = frozenset({
     "quark", "moe_wna16", "torchao", "auto-round", "rtn", "inc", "mxfp4", "squeezellm", "awq_triton",
 })
 VLLM_ONLY_BLOCK_SIZES = frozenset({"1", "64", "128"})
+NOT_APPLICABLE = {name: rule.text for name, rule in RULES.items() if rule.kind == NOTED}
 
-_ENGINE = "a vLLM engine option this engine does not have"
-_FEATURE = "not implemented by this worker"
-NOT_APPLICABLE = {
-    **dict.fromkeys((
-        "SKIP_TOKENIZER_INIT", "TOKENIZER_MODE", "DOWNLOAD_DIR", "LOAD_FORMAT", "QUANTIZATION_PARAM_PATH",
-        "DISTRIBUTED_EXECUTOR_BACKEND", "WORKER_USE_RAY", "PIPELINE_PARALLEL_SIZE", "MAX_PARALLEL_LOADING_WORKERS",
-        "RAY_WORKERS_USE_NSIGHT", "DISABLE_SLIDING_WINDOW", "NUM_LOOKAHEAD_SLOTS", "ROPE_SCALING", "ROPE_THETA",
-        "TOKENIZER_POOL_SIZE", "TOKENIZER_POOL_TYPE", "TOKENIZER_POOL_EXTRA_CONFIG", "SWAP_SPACE",
-        "MAX_SEQ_LEN_TO_CAPTURE", "MAX_CONTEXT_LEN_TO_CAPTURE", "DISABLE_CUSTOM_ALL_REDUCE", "ENABLE_EXPERT_PARALLEL",
-        "VLLM_USE_DEEP_GEMM", "ATTENTION_BACKEND", "VLLM_ATTENTION_BACKEND", "ASYNC_SCHEDULING", "STREAM_INTERVAL",
-        "MODEL_LOADER_EXTRA_CONFIG", "PREEMPTION_MODE", "PREEMPTION_CHECK_PERIOD", "PREEMPTION_CPU_CAPACITY",
-        "USE_V2_BLOCK_MANAGER", "NUM_SCHEDULER_STEPS", "COMPILATION_CONFIG", "CUDA_GRAPH_SIZES",
-    ), _ENGINE),
-    **dict.fromkeys((
-        "ENABLE_LORA", "MAX_LORAS", "MAX_LORA_RANK", "LORA_EXTRA_VOCAB_SIZE", "LORA_DTYPE", "LONG_LORA_SCALING_FACTORS",
-        "MAX_CPU_LORAS", "FULLY_SHARDED_LORAS", "LORA_MODULES", "SPECULATIVE_METHOD",
-        "SPECULATIVE_MODEL", "NUM_SPECULATIVE_TOKENS", "SPECULATIVE_DRAFT_TENSOR_PARALLEL_SIZE",
-        "SPECULATIVE_MAX_MODEL_LEN", "SPECULATIVE_DISABLE_BY_BATCH_SIZE", "NGRAM_PROMPT_LOOKUP_MAX",
-        "NGRAM_PROMPT_LOOKUP_MIN", "GUIDED_DECODING_BACKEND", "RETURN_TOKENS_AS_TOKEN_IDS",
-        "TRUST_REQUEST_CHAT_TEMPLATE", "EXCLUDE_TOOLS_WHEN_TOOL_CHOICE_NONE",
-    ), _FEATURE),
-    **dict.fromkeys(("DISABLE_LOG_STATS", "ENABLE_LOG_REQUESTS", "DISABLE_LOG_REQUESTS", "DISABLE_LOGGING_REQUEST",
-                     "MAX_LOG_LEN", "ENABLE_LOG_OUTPUTS", "LOG_ERROR_STACK"),
-                    "vLLM's own logging; this worker logs one line per job (LOG_LEVEL)"),
-    **dict.fromkeys(("VLLM_PORT", "VLLM_STARTUP_TIMEOUT", "VLLM_EXTRA_ARGS", "VLLM_CONFIG_FILE", "VLLM_BASE_URL"),
-                    "there is no vllm serve process here"),
-    "TRUST_REMOTE_CODE": "remote code is never run: only supported architectures load",
-    "ENABLE_CHUNKED_PREFILL": "prefills are always chunked within MAX_NUM_BATCHED_TOKENS",
-    "ENABLE_PROMPT_TOKENS_DETAILS": "usage always has prompt_tokens_details.cached_tokens when some were cached",
-    "ENABLE_FORCE_INCLUDE_USAGE": "a streamed job's usage comes with stream_options.include_usage",
-    "WORKER_CUDA_VERSION": "a build argument of worker-vllm's image",
-    "VLLM_VERSION": "a build argument of worker-vllm's image",
-    "MAX_LOGPROBS": "logprobs are not returned by this worker yet",  # unless our settings have it
-}
+
+def variables(env: Mapping[str, str]) -> list[tuple[str, str, str, Rule]]:
+    """(where it was set, variable, value, rule) of each worker-vllm variable set in `env`,
+    VLLM_EXTRA_ARGS's flags after the variables (they win, as appended last by worker-vllm);
+    `where` is the variable's name, or `VLLM_EXTRA_ARGS --flag`."""
+    out = [(name, name, value, RULES[name]) for name, value in env.items()
+           if name in RULES and name != EXTRA and (value or "").strip()]
+    for flag, name, value in parse_extra_args(env.get(EXTRA) or ""):
+        out.append((f"{EXTRA} {flag}", name, value, EXTRA_ARGS_RULES.get(name) or RULES[name]))
+    return out
 
 
 def translate(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """(the environment as our settings read it, notes on what was changed)."""
-    out, notes = dict(env), []
+    """(the environment as our settings read it, notes on what was changed). Raises
+    SettingsError for a variable (or VLLM_EXTRA_ARGS flag) refused here."""
+    out, notes, found = dict(env), [], variables(env)
+    for where, name, value, rule in found:
+        if where != name and rule.kind not in (NOTED, REFUSED):  # a VLLM_EXTRA_ARGS flag: as its variable
+            out[rule.text.split("`")[1] if name in EXTRA_ARGS_RULES else name] = value  # --model: MODEL_NAME
+    for where, name, value, rule in found:
+        _refuse(where, name, value, rule, out)
     for theirs, ours in ALIASES.items():
-        if (env.get(theirs) or "").strip() and not (env.get(ours) or "").strip():
-            out[ours] = env[theirs]
+        if (out.get(theirs) or "").strip() and not (out.get(ours) or "").strip():
+            out[ours] = out[theirs]
     dtype = (out.get("DTYPE") or "").strip().lower()
     if dtype in DTYPES:
         out["DTYPE"] = DTYPES[dtype]
+    if (out.get("MAX_NUM_BATCHED_TOKENS") or "").strip() == "0":  # worker-vllm: the engine's default
+        out["MAX_NUM_BATCHED_TOKENS"] = ""
     for name, ok, why in (
             ("MAX_MODEL_LEN", lambda v: v not in ("auto", "-1"), "the model's context length is used"),
             ("QUANTIZATION", lambda v: v not in VLLM_ONLY_QUANTIZATIONS, "not supported here; the checkpoint's "
@@ -80,6 +64,19 @@ def translate(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
             out[name] = ""
     _speculative(out, notes)
     return out, notes
+
+
+def _refuse(where: str, name: str, value: str, rule: Rule, env: Mapping[str, str]) -> None:
+    """SettingsError for a value this worker cannot honour: the rule's kind REFUSED (any value,
+    or those its `refused_if` picks), or another kind's `refused_if`."""
+    refused = rule.refused_if(value, env) if rule.refused_if is not None else rule.kind == REFUSED
+    if not refused:
+        return
+    what = rule.refusal or rule.text
+    if where == name:
+        raise SettingsError(name, value, what)
+    what = what.replace("unset it", f"remove it from {EXTRA}")
+    raise SettingsError(EXTRA, env.get(EXTRA, ""), f"{where.split(' ', 1)[1]} (as {name}={value}): {what}")
 
 
 def _speculative(out: dict[str, str], notes: list[str]) -> None:
@@ -104,17 +101,15 @@ def _speculative(out: dict[str, str], notes: list[str]) -> None:
 
 
 def start_notes(env: Mapping[str, str], ours: Collection[str]) -> list[str]:
-    """One line for each worker-vllm variable set in `env` that this worker does not apply
-    (`ours`: our settings' names, which win: MAX_LOGPROBS once logprobs exist)."""
-    from handler.tools import reasoning, tool_calls
+    """One line for each worker-vllm variable set in `env` (or flag of VLLM_EXTRA_ARGS) that this
+    worker does not apply (`ours`: our settings' names, which win), and for each value changed."""
+    from handler.tools import tool_calls
 
     notes = translate(env)[1]
-    for name, known, what in (("TOOL_CALL_PARSER", tool_calls.PARSERS, 'tool_choice "auto" fails invalid_input'),
-                              ("REASONING_PARSER", reasoning.PARSERS, "reasoning stays in the content")):
-        value = (env.get(name) or "").strip().lower()
-        if value and value not in known:
-            notes.append(f"{name}={value} is not implemented here (only {', '.join(known)}): {what}")
-    for name, why in NOT_APPLICABLE.items():
-        if (env.get(name) or "").strip() and name not in ours:
-            notes.append(f"{name} (a worker-vllm setting) is not applicable to this worker: {why}; ignored")
+    for where, name, value, rule in variables(env):
+        if name == "TOOL_CALL_PARSER" and value.strip().lower() not in tool_calls.PARSERS:  # auto tool choice off
+            notes.append(f"{where}={value} is not implemented here (only {', '.join(tool_calls.PARSERS)}); "
+                         "ENABLE_AUTO_TOOL_CHOICE is false, so no tool calls are parsed")
+        if rule.kind == NOTED and (where != name or name not in ours):
+            notes.append(f"{where} (a worker-vllm setting) is not applicable to this worker: {rule.text}; ignored")
     return notes
