@@ -9,17 +9,24 @@ a streamed chat job (timed from `docker run` to its first streamed token: the co
 the model baked), the README's summarize job (examples/summarize_job.json), an OpenAI route
 job, `prompt_too_long`, `truncated` with `on_truncation: "error"`, every job of tests.json
 (what the Hub runs), and `docker stop` while two long jobs run: each must end COMPLETED
-or FAILED with a coded error, none lost. Last, `docker run --network none` (no network at
-all): the baked model loads and answers a job given by --test_input. Prints each job's
-status; exits 1 when any ending is not the expected one.
+or FAILED with a coded error, none lost. Then `docker run --network none` (no network at
+all): the baked model loads and answers a job given by --test_input; the load-balancing mode
+(LOAD_BALANCING=true): /ping 204 then 200, a chat completion, 0 on `docker stop`; and a
+RunPod cached model (a tiny random Llama in a lowercased `models--org--name` folder mounted
+at /runpod-volume/huggingface-cache/hub) loaded offline and served under its name. Prints
+each job's status; exits 1 when any ending is not the expected one.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,6 +142,95 @@ def _offline_job(image: str, timeout_s: float) -> int:
     return 0 if ok else 1
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict | None]:
+    """(status, JSON body or None); (0, None) when nothing answers yet."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        return e.code, None
+    except OSError:
+        return 0, None
+
+
+def _balanced(image: str, name: str, label: str, env: dict[str, str], checks, timeout_s: float,
+              volumes: tuple[str, ...] = ()) -> int:
+    """A load-balancing container on the host network: /ping answers 204 (loading) or 503 until
+    200, then `checks(base)` returns (ok, detail); `docker stop` must end it with status 0."""
+    port = _free_port()
+    _docker("rm", "-f", name, check=False)
+    flags = [f for k, v in {**ENV, **env, "LOAD_BALANCING": "true", "PORT": str(port)}.items()
+             for f in ("-e", f"{k}={v}")]
+    _docker("run", "-d", "--name", name, "--network", "host", *[f for v in volumes for f in ("-v", v)], *flags, image)
+    base, seen, ok, detail = f"http://127.0.0.1:{port}", [], False, ""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = _http("GET", f"{base}/ping", timeout=5)[0]
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == 200 or status not in (0, 204):
+                break
+            time.sleep(0.2)
+        if seen[-1] == 200:
+            ok, detail = checks(base)
+        else:
+            detail = f"/ping answered {seen}"
+        _docker("stop", "--time", "10", name)
+        code = _docker("inspect", "-f", "{{.State.ExitCode}}", name, check=False).stdout.strip()
+        ok = ok and code == "0"
+        detail = f"/ping {seen}, exit {code}; {detail}"
+    finally:
+        if not ok:
+            logs = _docker("logs", "--tail", "25", name, check=False)
+            print("image_jobs: the container's log (tail):\n" + logs.stdout + logs.stderr)
+        _docker("rm", "-f", name, check=False)
+    print(f"  {'ok  ' if ok else 'FAIL'} {label:44s} {detail[:120]}")
+    return 0 if ok else 1
+
+
+def _chat(base: str) -> tuple[bool, str]:
+    status, body = _http("POST", f"{base}/v1/chat/completions", {
+        "model": "any", "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    text = (body or {}).get("choices", [{}])[0].get("message", {}).get("content") or ""
+    return status == 200 and bool(text.strip()), f"chat {status}: {text[:40]!r}"
+
+
+def _cached_model(image: str, name: str, timeout_s: float) -> int:
+    """A tiny random Llama as RunPod caches a model (lowercased folder, refs/main), mounted
+    read-only where RunPod mounts it; served under MODEL_NAME as written, offline."""
+    from tests.fakes.hub_cache import lay_out
+    from tests.models import make_checkpoint
+
+    served = "Org/Tiny-Llama"
+    with tempfile.TemporaryDirectory(prefix="hub-cache-") as tmp:
+        src = make_checkpoint(str(Path(tmp) / "src"))
+        hub = Path(tmp) / "hub"
+        lay_out(hub, "models--org--tiny-llama", src, {"c" * 40: time.time()}, {"main": "c" * 40})
+
+        def checks(base: str) -> tuple[bool, str]:
+            status, body = _http("GET", f"{base}/v1/models")
+            ids = [m.get("id") for m in (body or {}).get("data", [])]
+            job = {"input": {"prompt": "Meeting notes:", "sampling_params": {"max_tokens": 4, "ignore_eos": True}}}
+            run_status, result = _http("POST", f"{base}/runsync", job)
+            done = (result or {}).get("status")
+            return status == 200 and ids == [served] and done == "COMPLETED", f"models {ids}, runsync {done}"
+
+        return _balanced(image, name, "cached model, load-balancing mode", {
+            "MODEL_NAME": served, "MAX_MODEL_LEN": "256", "EMPTY_OUTPUT_RETRIES": "8"}, checks, timeout_s,
+            volumes=(f"{hub}:/runpod-volume/huggingface-cache/hub:ro",))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="run_image_jobs.py", description=__doc__.split("\n\n")[0])
     p.add_argument("image")
@@ -176,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             print("image_jobs: the container's log (tail):\n" + logs.stdout + logs.stderr)
         _docker("rm", "-f", args.name, check=False)
     bad += _offline_job(args.image, args.timeout)
+    bad += _balanced(args.image, args.name, "load-balancing mode, chat completion", {}, _chat, args.timeout)
+    bad += _cached_model(args.image, args.name, args.timeout)
     print(f"image_jobs: {'all jobs ended as expected' if not bad else f'{bad} unexpected ending(s)'}")
     return 1 if bad else 0
 

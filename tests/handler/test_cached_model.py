@@ -2,7 +2,6 @@
 `models--org--name` under /runpod-volume/huggingface-cache/hub; a network volume filled by
 huggingface_hub under BASE_PATH): which snapshot loads, that it loads with no hub call and is
 served under MODEL_NAME as written, and that an incomplete snapshot stops the worker at start."""
-import hashlib
 import json
 import logging
 import os
@@ -14,32 +13,11 @@ import pytest
 from handler.cached_model import find_cached_model
 from handler.errors import JobError
 from handler.worker import Worker
+from tests.fakes.hub_cache import lay_out
 from tests.handler.conftest import error_of, run, settings_for
 
 NAME = "Org/Tiny-Llama"
 OLD, NEW = "a" * 40, "b" * 40
-
-
-def lay_out(hub, folder: str, source: str, snapshots: dict, refs: dict | None = None) -> str:
-    """A repo folder as huggingface_hub writes it: each file once under blobs/ (named by its
-    hash), linked from snapshots/<commit>/; `snapshots` maps a commit to its mtime (newest
-    last), `refs` a ref name to its commit."""
-    repo = hub / folder
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    for commit, mtime in snapshots.items():
-        snap = repo / "snapshots" / commit
-        snap.mkdir(parents=True)
-        for name in os.listdir(source):
-            data = open(os.path.join(source, name), "rb").read()
-            blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-            if not blob.exists():
-                blob.write_bytes(data)
-            os.symlink(os.path.relpath(blob, snap), snap / name)
-        os.utime(snap, (mtime, mtime))
-    for ref, commit in (refs or {}).items():
-        (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / ref).write_text(commit)
-    return str(repo)
 
 
 @pytest.fixture
