@@ -83,7 +83,7 @@ def main():
     Speculator.draft = lambda self, seq, room: [seq.token_ids[-1]] * room  # k drafts every step
     path = model_dir(QWEN25_7B, GROUP)
     common = dict(model=path, load_format="dummy", dtype="bfloat16", max_model_len=4096,
-                  max_num_seqs=max(args.batch), gpu_memory_utilization=0.4, async_scheduling=False)
+                  max_num_seqs=max(args.batch), num_kv_blocks=1024, async_scheduling=False)  # two engines: fixed KV each
     plain = LLMEngine(EngineConfig(**common))
     spec = LLMEngine(EngineConfig(**common, speculative_config={
         "method": "ngram", "num_speculative_tokens": k, "disable_by_batch_size": 1024}))
