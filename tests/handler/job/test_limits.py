@@ -221,7 +221,7 @@ def test_a_jobs_response_size_has_a_cap_estimated_before_it_runs():
 
 def test_a_job_without_max_tokens_gets_what_its_cost_caps_allow(loop, make_worker):
     w = make_worker(MAX_JOB_TOKENS=12, DEFAULT_MAX_TOKENS=12)
-    r = run(loop, w, {"prompt": "Hi", "sampling_params": {"n": 4, "ignore_eos": True, "temperature": 1.0}})
+    r = run(loop, w, {"prompt": "Hi", "sampling_params": {"n": 4, "ignore_eos": True, "temperature": 1.0, "seed": 3}})
     assert r["status"] == "COMPLETED", r
     last = r["output"][-1]
     assert last["usage"]["completion_tokens"] == 12 and all(c["finish_reason"] == "length" for c in last["choices"])
