@@ -16,7 +16,9 @@ Each document gets one line in --out: {"doc", "status": ok|truncated|failed, "su
 "usage", "error", ...}. A rerun with the same --out skips documents already done (same name, same
 content) and retries the failed ones. Local mode uses the worker's settings (MODEL_NAME, MAX_MODEL_LEN,
 ...); endpoint mode needs RUNPOD_API_KEY (or --api-key), RUNPOD_ENDPOINT_BASE_URL changes the API's
-address.
+address. With --batch the documents go through RunPod's batch jobs API (beta): results may take hours;
+Ctrl-C leaves the batches running, and a rerun with the same --out collects them (recorded in
+OUT.batches) instead of submitting the documents again.
 
 Exit status: 0 every document done; 1 some document failed and a rerun retries it; 3 every document
 that can be read is done, but some can never succeed as they are (empty, binary, not UTF-8, a bad
@@ -26,6 +28,8 @@ device, larger than --max-file-bytes: fix or remove them, or pass
 """
 EXIT_FAILED = 1  # a document failed; a rerun retries it
 EXIT_UNREADABLE = 3  # only documents that can never succeed as they are failed
+CONCURRENCY = 8  # --concurrency's default
+JOB_TIMEOUT_S = 1800.0  # --job-timeout's default
 
 
 def _positive(kind):
@@ -52,11 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="results JSONL (appended to; a rerun resumes from it)")
     p.add_argument("--report", help="also write a Markdown report of every document here")
     p.add_argument("--endpoint", metavar="ID", help="RunPod endpoint id; without it, the local engine runs here")
+    p.add_argument("--batch", action="store_true", help="with --endpoint: submit every document through RunPod's "
+                   "batch jobs API (beta; for large folders that can wait hours) instead of one /run job each; "
+                   "an interrupted run leaves its batches running and a rerun collects them")
     p.add_argument("--fallback-endpoint", metavar="ID", help="RunPod endpoint that gets each document failing "
                    "`overloaded` (the worker's queue was full) at once, with the same API key and base URL")
     p.add_argument("--api-key", help="RunPod API key (default: $RUNPOD_API_KEY)")
     p.add_argument("--base-url", help="RunPod API base (default: $RUNPOD_ENDPOINT_BASE_URL, else the public /v2)")
-    p.add_argument("--concurrency", type=_positive(int), default=8, help="documents in flight at once (default 8)")
+    p.add_argument("--concurrency", type=_positive(int), help=f"documents in flight at once (default {CONCURRENCY}; "
+                   "not with --batch, where every document is submitted at once)")
     p.add_argument("--max-summary-tokens", type=_positive(int), help="longest summary, in tokens (default: the "
                    "worker's, 256)")
     p.add_argument("--style", choices=("bullets", "paragraph"), default="bullets", help="summary form (default "
@@ -65,12 +73,52 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=3, help="retries of a document whose failure is retryable "
                    "(out_of_memory, overloaded, timeout, engine_dead); default 3")
     p.add_argument("--backoff", type=float, default=2.0, help="seconds before the first retry, doubling (default 2)")
-    p.add_argument("--job-timeout", type=_positive(float), default=1800.0, help="endpoint mode: seconds one job may "
-                   "take before it is cancelled and retried (default 1800)")
+    p.add_argument("--job-timeout", type=_positive(float), help="endpoint mode: seconds one job may take before it "
+                   f"is cancelled and retried (default {JOB_TIMEOUT_S:g}; not with --batch)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when stderr is a terminal)")
     p.add_argument("-v", "--verbose", action="store_true", help="log the worker's and engine's info lines")
     return p
+
+
+def _flag_error(args: argparse.Namespace) -> str | None:
+    """Flags that do not go together, as `invalid_flag: ...` naming them; None when they do."""
+    if not args.batch:
+        return None
+    if not args.endpoint:
+        return "invalid_flag: --batch needs --endpoint ID (batch jobs run on a RunPod endpoint)"
+    for flag, value, why in (
+            ("--fallback-endpoint", args.fallback_endpoint, "a batch's requests wait for the endpoint's batch "
+             "workers; none is refused `overloaded`"),
+            ("--concurrency", args.concurrency, "a batch holds every document at once"),
+            ("--job-timeout", args.job_timeout, "RunPod schedules a batch's requests, within hours; each has the "
+             "endpoint's own execution timeout")):
+        if value is not None:
+            return f"invalid_flag: {flag} does not apply with --batch ({why})"
+    return None
+
+
+def _endpoint_runner(args, endpoint: str, notify):
+    from summarize.endpoint import EndpointRunner
+
+    return EndpointRunner(endpoint, api_key=args.api_key, base_url=args.base_url,
+                          concurrency=args.concurrency or CONCURRENCY, job_timeout_s=args.job_timeout or JOB_TIMEOUT_S,
+                          notify=notify)
+
+
+def _make_runner(args: argparse.Namespace, notify):
+    """The runner of the flags: batch jobs, endpoint jobs (with a fallback), or the local engine."""
+    if args.batch:
+        from summarize.batch_runner import BatchRunner
+
+        return BatchRunner(args.endpoint, results_path=args.out, api_key=args.api_key, base_url=args.base_url,
+                           notify=notify)
+    runner = _endpoint_runner(args, args.endpoint, notify) if args.endpoint else _local_runner(notify)
+    if args.fallback_endpoint:
+        from summarize.fallback import FallbackRunner
+
+        runner = FallbackRunner(runner, _endpoint_runner(args, args.fallback_endpoint, notify), notify=notify)
+    return runner
 
 
 def _local_runner(notify):
@@ -123,11 +171,13 @@ def _main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"summarize: error: {shown(message)}\n")
         return 2
 
-    options = Options(style=args.style, instructions=args.instructions, max_summary_tokens=args.max_summary_tokens,
-                      concurrency=args.concurrency, retries=max(0, args.retries), backoff_s=max(0.0, args.backoff))
+    from summarize.batch_state import state_path
+
+    if (clash := _flag_error(args)) is not None:
+        return fail(clash)
     try:
-        docs = collect(args.inputs, exclude=[args.out, args.report], follow_links=args.follow_links,
-                       max_file_bytes=args.max_file_bytes or MAX_FILE_BYTES)
+        docs = collect(args.inputs, exclude=[args.out, args.report, state_path(args.out)],
+                       follow_links=args.follow_links, max_file_bytes=args.max_file_bytes or MAX_FILE_BYTES)
     except InputError as exc:
         return fail(str(exc))
     skipped = [d for d in docs if _never(d)] if args.skip_unreadable else []
@@ -137,21 +187,12 @@ def _main(args: argparse.Namespace) -> int:
             f"{d.doc} ({d.error['code']})" for d in skipped[:10]) + (", ..." if len(skipped) > 10 else ""))
     if not docs:
         return fail("no documents in " + ", ".join(args.inputs) + (" that can be read" if skipped else ""))
+    # a batch holds every document at once; elsewhere --concurrency bounds the documents in flight
+    options = Options(style=args.style, instructions=args.instructions, max_summary_tokens=args.max_summary_tokens,
+                      concurrency=len(docs) if args.batch else args.concurrency or CONCURRENCY,
+                      retries=max(0, args.retries), backoff_s=max(0.0, args.backoff))
     try:
-        if args.endpoint:
-            from summarize.endpoint import EndpointRunner
-
-            runner = EndpointRunner(args.endpoint, api_key=args.api_key, base_url=args.base_url,
-                                    concurrency=args.concurrency, job_timeout_s=args.job_timeout, notify=notify)
-        else:
-            runner = _local_runner(notify)
-        if args.fallback_endpoint:
-            from summarize.endpoint import EndpointRunner
-            from summarize.fallback import FallbackRunner
-
-            fallback = EndpointRunner(args.fallback_endpoint, api_key=args.api_key, base_url=args.base_url,
-                                      concurrency=args.concurrency, job_timeout_s=args.job_timeout, notify=notify)
-            runner = FallbackRunner(runner, fallback, notify=notify)
+        runner = _make_runner(args, notify)  # before store.open(): the batch runner reads the file as it was
     except (FatalError, SettingsError) as exc:
         return fail(str(exc))
     except ImportError as exc:  # the worker's own dependencies (the `worker` extra)
@@ -183,6 +224,10 @@ def _main(args: argparse.Namespace) -> int:
     cancelled = getattr(runner, "cancelled", None)
     if cancelled:
         print(f"  cancelled {len(cancelled)} jobs in flight on the endpoint", flush=True)
+    running = getattr(runner, "left_running", None)
+    if running:
+        print(f"  batches left on the endpoint: {', '.join(running)}; rerun the same command to collect their "
+              "results", flush=True)
     return rc or _exit_status(docs, failed)
 
 

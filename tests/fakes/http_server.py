@@ -1,5 +1,5 @@
-"""The fakes' HTTP servers: a threading server on a free port of 127.0.0.1 whose GET and POST
-requests go to one dispatch(request, method) function, serving in a daemon thread."""
+"""The fakes' HTTP servers: a threading server on a free port of 127.0.0.1 whose GET, POST, PUT
+and DELETE requests go to one dispatch(request, method) function, serving in a daemon thread."""
 from __future__ import annotations
 
 import threading
@@ -19,6 +19,12 @@ def serve(dispatch: Callable[[BaseHTTPRequestHandler, str], None], http11: bool 
 
         def do_POST(self):
             dispatch(self, "POST")
+
+        def do_PUT(self):
+            dispatch(self, "PUT")
+
+        def do_DELETE(self):
+            dispatch(self, "DELETE")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True

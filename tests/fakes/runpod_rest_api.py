@@ -102,8 +102,8 @@ class FakeRestAPI:
         with self.lock:
             self._oom_rules.append([predicate, times])
 
-    def submit(self, job_input: Any, sync: bool = False) -> str:
-        job = self.store.new(job_input, sync=sync)
+    def submit(self, job_input: Any, sync: bool = False, jid: str | None = None) -> str:
+        job = self.store.new(job_input, sync=sync, jid=jid)
         self.inputs[job.id] = job_input
         self._loop.call_soon_threadsafe(self._queue.submit, job)
         return job.id
