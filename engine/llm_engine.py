@@ -20,6 +20,9 @@ from engine.memory import log_gpu_memory, num_kv_blocks
 from engine.model import loader
 from engine.model.spec import context_length
 from engine.logprobs import PromptRows, TokenDecoder
+from engine.lora.manager import SALT as LORA_SALT
+from engine.lora.manager import LoRAManager
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput, request_output
 from engine.parallel_sampling import ParentRequest, child_id, child_params
 from engine.runner import ModelRunner
@@ -109,6 +112,13 @@ class LLMEngine:
                                   max_num_seqs=config.max_num_seqs, max_num_batched_tokens=budget,
                                   max_model_len=self.max_model_len,
                                   kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype))
+        self.lora = None  # engine.lora.manager.LoRAManager when enable_lora
+        if config.enable_lora:  # before the KV cache is sized: the slots' memory is counted
+            self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
+                                    config.max_cpu_loras or config.max_loras, self.dtype, self.device)
+            self.runner.lora = True
+            log.info("LoRA: %d slots of rank %d (%.1f MiB)", config.max_loras, config.max_lora_rank,
+                     self.lora.slots.nbytes / 2**20)
         self.memory: dict = {}
         num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory)
         self.runner.allocate_kv_cache(num_blocks)
@@ -120,6 +130,7 @@ class LLMEngine:
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                      ttl_s=config.prefix_cache_ttl_s)
         self.scheduler = Scheduler(block_manager, config.max_num_seqs, budget)
+        self.scheduler.lora = self.lora
         long_rope = getattr(self.model, "long_rope", None)
         self.scheduler.rope_switch = long_rope[0] if long_rope else None
         windows = [spec.window(i) for i in range(spec.num_layers)]
@@ -184,13 +195,16 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | dict | None = None,
-                    priority: int = 0, cache_salt: str | None = None) -> Sequence:
+                    priority: int = 0, cache_salt: str | None = None, lora_request: LoRARequest | None = None
+                    ) -> Sequence:
         """Queue a request: a prompt (see InputProcessor.encode) with its sampling params,
-        or an EngineRequest the input processor made (then params must be None)."""
+        or an EngineRequest the input processor made (then params must be None); lora_request:
+        the adapter it runs with (LoRAError, before anything is queued, when it cannot)."""
         if request_id in self.requests or request_id in self.parents:
             raise InvalidInputError(f"request id {request_id!r} is already running", field="request_id")
         if not is_int(priority):
             raise InvalidInputError("priority must be an integer", field="priority")
+        self._check_lora_request(lora_request)
         if isinstance(prompt, EngineRequest):
             if params is not None:
                 raise InvalidInputError("an EngineRequest carries its own sampling params; pass params=None",
@@ -200,21 +214,32 @@ class LLMEngine:
             req = self.input_processor.process(prompt, params)
         choices = req.params.num_choices
         if choices == 1:
-            seq = self._new_seq(request_id, req, req.params, priority, cache_salt)
+            seq = self._new_seq(request_id, req, req.params, priority, cache_salt, lora_request=lora_request)
             self.scheduler.add(seq)
             return seq
-        children = [self._new_seq(child_id(request_id, i), req, child_params(req.params, i), priority, cache_salt, i)
-                    for i in range(choices)]
+        children = [self._new_seq(child_id(request_id, i), req, child_params(req.params, i), priority, cache_salt, i,
+                                  lora_request) for i in range(choices)]
         parent = self.parents[request_id] = ParentRequest(request_id, req.params, children)
         for child in children:
             child.parent = parent
         self.scheduler.add(children[0])  # the others once its prompt is computed (engine.parallel_sampling)
         return children[0]
 
+    def _check_lora_request(self, lora_request) -> None:
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise InvalidInputError("lora_request must be an engine.LoRARequest", field="lora_request")
+        if self.lora is None:
+            raise InvalidInputError(f"LoRA adapter {lora_request.lora_name!r} requested but adapters are not "
+                                    "enabled (enable_lora=True)", field="lora_request")
+
     def _new_seq(self, request_id: str, req: EngineRequest, params: SamplingParams, priority: int,
-                 cache_salt: str | None, index: int = 0) -> Sequence:
+                 cache_salt: str | None, index: int = 0, lora_request: LoRARequest | None = None) -> Sequence:
+        if lora_request is not None:  # its KV blocks hash apart from the base model's and other adapters'
+            cache_salt = f"{cache_salt or ''}{LORA_SALT}{lora_request.lora_int_id}"
         seq = Sequence(request_id, req.prompt, req.prompt_token_ids, params, req.max_tokens, priority=priority,
-                       cache_salt=cache_salt, index=index)
+                       cache_salt=cache_salt, index=index, lora_request=lora_request)
         if self.scheduler.rope_switch is not None and seq.num_tokens > self.scheduler.rope_switch:
             use_long_rope(seq)
         seq.detok = Detokenizer(self.tokenizer, req.prompt_token_ids, params, self.eos_token_ids, req.max_tokens,
@@ -227,6 +252,8 @@ class LLMEngine:
             seq.logprobs = []
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None]
+        if lora_request is not None:
+            self.lora.add(lora_request)  # loaded and checked now: LoRAError before anything is queued
         self.requests[request_id] = seq
         return seq
 
@@ -423,8 +450,10 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence) -> None:
-        self.requests.pop(seq.request_id, None)
+        known = self.requests.pop(seq.request_id, None) is not None
         self.scheduler.finish(seq)
+        if known and seq.lora_request is not None:
+            self.lora.remove(seq.lora_request)
 
     def _fail(self, seq: Sequence, err: EngineError) -> RequestOutput:
         self._finish(seq)
@@ -440,5 +469,6 @@ class LLMEngine:
             "num_steps": self.step_count,
             "num_async_steps": self.ahead.num_steps if self.ahead is not None else 0,
             **(self.speculator.stats() if self.speculator is not None else {}),
+            **(self.lora.stats() if self.lora is not None else {}),
             **{k: v for k, v in self.memory.items() if k == "gpu_memory_fraction"},
         }
