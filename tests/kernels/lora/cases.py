@@ -31,9 +31,9 @@ def token_slots(T: int, S: int, gen, none_share: float = 0.25) -> torch.Tensor:
     return slots.to(torch.int32)
 
 
-def inputs(T: int, K: int, N: int, dtype, gen, ranks=RANKS):
-    """(out, x, a, b, slots) of one case."""
-    a, b = adapters(K, N, dtype, gen, ranks)
+def inputs(T: int, K: int, N: int, dtype, gen, ranks=RANKS, R=R):
+    """(out, x, a, b, slots) of one case: adapters of `ranks` padded to R."""
+    a, b = adapters(K, N, dtype, gen, ranks, R)
     x = torch.randn(T, K, generator=gen).to(dtype)
     out = torch.randn(T, N, generator=gen).to(dtype)
     return out, x, a, b, token_slots(T, len(ranks), gen)
