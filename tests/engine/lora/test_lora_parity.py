@@ -110,3 +110,15 @@ def test_safetensors_and_bin_weights_load_alike(tiny_llama_dir, adapters, tmp_pa
     ps = prompts(6, lengths=(9,))
     assert generate(llm, ps, LoRARequest("legacy", 2, str(legacy))) == generate(
         llm, ps, LoRARequest("attn", 1, adapters["attn"]))
+
+
+def test_the_gpu_kernels_under_the_interpreter_match_peft(tiny_llama_dir, adapters, monkeypatch):
+    """The whole step on the Triton kernels (the interpreter runs them on the CPU): the LoRA
+    kernels fed each token's slot by the runner, beside attention and the norms."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    llm = LLM(tiny_llama_dir, enable_lora=True, max_loras=2, max_lora_rank=8, num_kv_blocks=64)
+    ps = prompts(8, lengths=(3, 19))
+    loras = [LoRARequest("all", 1, adapters["all"]), LoRARequest("attn", 2, adapters["attn"])]
+    got = generate(llm, ps, loras)
+    for p, lora, tokens in zip(ps, loras, got):
+        assert tokens == expected(tiny_llama_dir, lora.lora_path, p)
