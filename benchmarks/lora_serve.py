@@ -39,8 +39,8 @@ def adapter_bytes(shapes: dict, rank: int) -> int:
     return 2 * per_layer * shapes["num_hidden_layers"]
 
 
-def write_adapter(path: str, shapes: dict, rank: int, seed: int) -> str:
-    """A random rank-`rank` adapter of every projection, in PEFT's format."""
+def write_adapter(path: str, shapes: dict, rank: int, seed: int, b_scale: float = 0.01) -> str:
+    """A random rank-`rank` adapter of every projection, in PEFT's format (B of std b_scale)."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
@@ -53,7 +53,7 @@ def write_adapter(path: str, shapes: dict, rank: int, seed: int) -> str:
                 k, n = dims[name]
                 key = f"base_model.model.model.layers.{layer}.{group}.{name}"
                 tensors[f"{key}.lora_A.weight"] = (torch.randn(rank, k, generator=gen) * k**-0.5).bfloat16()
-                tensors[f"{key}.lora_B.weight"] = (torch.randn(n, rank, generator=gen) * 0.01).bfloat16()
+                tensors[f"{key}.lora_B.weight"] = (torch.randn(n, rank, generator=gen) * b_scale).bfloat16()
     save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "bias": "none", "task_type": "CAUSAL_LM",
               "target_modules": [n for names in PROJECTIONS.values() for n in names]}

@@ -50,3 +50,31 @@ def peft_greedy(base: str, adapter: str, prompt_ids: list[int], max_new_tokens: 
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
+
+
+def merge_into(base: str, adapter: str, dst: str) -> str:
+    """A dense checkpoint of `base` with the adapter merged into its weights (W + scaling B A, in
+    float32): the reference where peft is not installed (the GPU machine). The CPU tests check our
+    engine against peft's own merge; this is the same sum."""
+    import json
+    import math
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(base, dst, dirs_exist_ok=True)
+    config = json.load(open(os.path.join(adapter, "adapter_config.json")))
+    pairs = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    weights = load_file(os.path.join(dst, "model.safetensors"))
+    for key, a in pairs.items():
+        if ".lora_A." not in key:
+            continue
+        b = pairs[key.replace(".lora_A.", ".lora_B.")]
+        r = a.shape[0]
+        scaling = config["lora_alpha"] / (math.sqrt(r) if config.get("use_rslora") else r)
+        name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+        w = weights[name]
+        weights[name] = (w.float() + scaling * b.float() @ a.float()).to(w.dtype)
+    save_file(weights, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst
