@@ -19,9 +19,9 @@ from engine.input_processor import EngineRequest, InputProcessor
 from engine.memory import log_gpu_memory, num_kv_blocks
 from engine.model import loader
 from engine.model.spec import context_length
-from engine.logprobs import PromptRows, TokenDecoder
+from engine.logprobs import TokenDecoder, prompt_rows
 from engine.lora.manager import SALT as LORA_SALT
-from engine.lora.manager import LoRAManager
+from engine.lora.manager import LoRAManager, check_lora_request
 from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput, request_output
 from engine.parallel_sampling import ParentRequest, child_id, child_params
@@ -112,13 +112,8 @@ class LLMEngine:
                                   max_num_seqs=config.max_num_seqs, max_num_batched_tokens=budget,
                                   max_model_len=self.max_model_len,
                                   kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype))
-        self.lora = None  # engine.lora.manager.LoRAManager when enable_lora
-        if config.enable_lora:  # before the KV cache is sized: the slots' memory is counted
-            self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
-                                    config.max_cpu_loras or config.max_loras, self.dtype, self.device)
-            self.runner.lora = True
-            log.info("LoRA: %d slots of rank %d (%.1f MiB)", config.max_loras, config.max_lora_rank,
-                     self.lora.slots.nbytes / 2**20)
+        # adapters' slots before the KV cache is sized, so their memory is counted (None: enable_lora off)
+        self.lora = LoRAManager.for_engine(config, self.model, self.runner, self.dtype, self.device)
         self.memory: dict = {}
         num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory)
         self.runner.allocate_kv_cache(num_blocks)
@@ -204,7 +199,7 @@ class LLMEngine:
             raise InvalidInputError(f"request id {request_id!r} is already running", field="request_id")
         if not is_int(priority):
             raise InvalidInputError("priority must be an integer", field="priority")
-        self._check_lora_request(lora_request)
+        check_lora_request(self.lora, lora_request)
         if isinstance(prompt, EngineRequest):
             if params is not None:
                 raise InvalidInputError("an EngineRequest carries its own sampling params; pass params=None",
@@ -224,15 +219,6 @@ class LLMEngine:
             child.parent = parent
         self.scheduler.add(children[0])  # the others once its prompt is computed (engine.parallel_sampling)
         return children[0]
-
-    def _check_lora_request(self, lora_request) -> None:
-        if lora_request is None:
-            return
-        if not isinstance(lora_request, LoRARequest):
-            raise InvalidInputError("lora_request must be an engine.LoRARequest", field="lora_request")
-        if self.lora is None:
-            raise InvalidInputError(f"LoRA adapter {lora_request.lora_name!r} requested but adapters are not "
-                                    "enabled (enable_lora=True)", field="lora_request")
 
     def _new_seq(self, request_id: str, req: EngineRequest, params: SamplingParams, priority: int,
                  cache_salt: str | None, index: int = 0, lora_request: LoRARequest | None = None) -> Sequence:
@@ -367,7 +353,7 @@ class LLMEngine:
 
     def _run(self, scheduled):
         self.faults.before_run(self.step_count, scheduled)
-        prompt, rows = self._prompt_rows(scheduled)
+        prompt, rows = prompt_rows(scheduled)
         samplers = [(seq, n) for seq, n in scheduled if seq.num_computed_tokens + n >= seq.num_tokens]
         seqs = [s for s, _ in samplers]
         views = verify.rows(seqs) if self.speculator is not None else seqs  # k + 1 rows for a request with k drafts
@@ -388,23 +374,6 @@ class LLMEngine:
             self.speculator.record(seqs, results)
         samples = iter(results)
         return [next(samples) if seq.num_computed_tokens + n >= seq.num_tokens else None for seq, n in scheduled]
-
-    @staticmethod
-    def _prompt_rows(scheduled) -> tuple[PromptRows | None, list[tuple[int, int, int]]]:
-        """The prompt positions of this step whose logits give prompt_logprobs not yet taken:
-        (PromptRows for the sampler, (scheduled index, offset in the chunk, count) for the runner).
-        A recomputed prompt (preemption) takes none twice."""
-        entries, rows = [], []
-        for i, (seq, n) in enumerate(scheduled):
-            if seq.prompt_logprobs is None:
-                continue
-            start = seq.num_computed_tokens
-            first = max(len(seq.prompt_logprobs), start + 1)  # the first prompt token to score
-            last = min(start + n, seq.num_prompt_tokens - 1)  # position p predicts token p + 1
-            if last >= first:
-                entries.append((seq, first, last - first + 1))
-                rows.append((i, first - 1 - start, last - first + 1))
-        return (PromptRows(entries) if entries else None), rows
 
     def _empty_cache(self):
         if self.device.startswith("cuda"):

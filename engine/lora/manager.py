@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from engine.errors import LoRAError
+from engine.errors import InvalidInputError, LoRAError
 from engine.lora.adapter import LoRAAdapter, load_adapter
 from engine.lora.request import LoRARequest
 from engine.lora.slots import LoRASlots
@@ -30,6 +30,18 @@ class LoRAManager:
         self.refs = [0] * max_loras  # slot -> running sequences using it
         self.lru: OrderedDict[int, None] = OrderedDict()  # slots by last use, oldest first
         self.loads = self.evictions = 0
+
+    @classmethod
+    def for_engine(cls, config, model, runner, dtype, device) -> LoRAManager | None:
+        """The engine's manager when config.enable_lora (its runner then gives each token its slot)."""
+        if not config.enable_lora:
+            return None
+        manager = cls(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras,
+                      dtype, device)
+        runner.lora = True
+        log.info("LoRA: %d slots of rank %d (%.1f MiB)", config.max_loras, config.max_lora_rank,
+                 manager.slots.nbytes / 2**20)
+        return manager
 
     # -- requests ------------------------------------------------------------------------
     def cached(self, request: LoRARequest) -> bool:
@@ -117,3 +129,14 @@ class LoRAManager:
     def stats(self) -> dict:
         return {"lora_slots_used": sum(h is not None for h in self.in_slot), "lora_slots_total": len(self.in_slot),
                 "lora_adapters_cached": len(self.cpu), "lora_loads": self.loads, "lora_evictions": self.evictions}
+
+
+def check_lora_request(manager: LoRAManager | None, lora_request) -> None:
+    """A request's lora_request is a LoRARequest, and adapters are enabled when it names one."""
+    if lora_request is None:
+        return
+    if not isinstance(lora_request, LoRARequest):
+        raise InvalidInputError("lora_request must be an engine.LoRARequest", field="lora_request")
+    if manager is None:
+        raise InvalidInputError(f"LoRA adapter {lora_request.lora_name!r} requested but adapters are not "
+                                "enabled (enable_lora=True)", field="lora_request")
