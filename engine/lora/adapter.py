@@ -110,13 +110,13 @@ def load_adapter(request: LoRARequest, targets: LoRATargets, max_rank: int, dtyp
         if set(pair) != {"lora_A", "lora_B"}:
             raise _fail(request, "bad_weights", f"{module} has {sorted(pair)} but needs lora_A and lora_B")
         a, b = pair["lora_A"], pair["lora_B"]
-        rank = a.shape[0]
-        if rank > max_rank:
-            raise _fail(request, "rank_too_large", f"{module} has rank {rank}, above max_lora_rank={max_rank}")
         target = targets.find(module)
         if target is None:
             raise _fail(request, "unknown_module", f"target module {module} is not a linear of this model that "
                         f"adapters can change ({targets.describe()})")
+        rank = a.shape[0]
+        if rank > max_rank:
+            raise _fail(request, "rank_too_large", f"{module} has rank {rank}, above max_lora_rank={max_rank}")
         in_features, out_features = targets.shape(target)
         if a.dim() != 2 or b.dim() != 2 or tuple(a.shape) != (rank, in_features) or tuple(b.shape) != (out_features, rank):
             raise _fail(request, "shape", f"{module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit "

@@ -122,3 +122,20 @@ def test_the_gpu_kernels_under_the_interpreter_match_peft(tiny_llama_dir, adapte
     got = generate(llm, ps, loras)
     for p, lora, tokens in zip(ps, loras, got):
         assert tokens == expected(tiny_llama_dir, lora.lora_path, p)
+
+
+def test_a_mixture_of_experts_takes_attention_adapters_not_expert_ones(ckpt_dir, tmp_path):
+    """Qwen3-MoE: an adapter of the attention projections matches PEFT; one PEFT made on the MLP
+    projections (which it puts on the sparse layers' fused experts) is refused, naming the module."""
+    from engine.errors import LoRAError
+
+    base = models.make_checkpoint(str(ckpt_dir / "qwen3-moe-lora"), "qwen3_moe", seed=14, mlp_only_layers=[1])
+    adapter = lora_adapters.make_adapter(base, str(tmp_path / "attn"), seed=41, targets=lora_adapters.ATTN)
+    llm = LLM(base, enable_lora=True, max_lora_rank=8, num_kv_blocks=128)
+    ps = prompts(9, lengths=(5, 33))
+    for p, tokens in zip(ps, generate(llm, ps, LoRARequest("attn", 1, adapter))):
+        assert tokens == expected(base, adapter, p)
+    experts = lora_adapters.make_adapter(base, str(tmp_path / "experts"), seed=42, targets=["gate_proj", "up_proj"])
+    with pytest.raises(LoRAError, match=r"layers\.0\.mlp\.experts") as err:
+        generate(llm, ps[:1], LoRARequest("experts", 2, experts))
+    assert err.value.reason == "unknown_module"
