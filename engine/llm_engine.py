@@ -32,6 +32,7 @@ from engine.scheduler import Scheduler, use_long_rope
 from engine.sequence import Sequence, SequenceStatus
 from engine.spec_decode import verify
 from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.draft_model import DraftModel
 from engine.spec_decode.speculator import Speculator
 from engine.structured.masks import MaskFiller, advance
 from engine.tokenizer import load_tokenizer
@@ -114,9 +115,15 @@ class LLMEngine:
                                   kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype))
         # adapters' slots before the KV cache is sized, so their memory is counted (None: enable_lora off)
         self.lora = LoRAManager.for_engine(config, self.model, self.runner, self.dtype, self.device)
+        speculative = SpeculativeConfig.from_value(config.speculative_config)
+        # draft_model: the drafting model loads before the KV cache is sized, its KV in the same blocks
+        self.drafter = DraftModel.for_engine(speculative, self, budget)
         self.memory: dict = {}
-        num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory)
+        num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory,
+                                                           also=self.drafter.runner if self.drafter else None)
         self.runner.allocate_kv_cache(num_blocks)
+        if self.drafter is not None:
+            self.drafter.allocate(num_blocks)
         if self.device.startswith("cuda"):
             if not config.enforce_eager:
                 mixed = min(config.max_cudagraph_tokens, budget)
@@ -142,8 +149,7 @@ class LLMEngine:
         self.parents: dict[str, ParentRequest] = {}  # requests of n > 1 (or best_of) choices
         self.token_decoder = TokenDecoder(self.tokenizer)  # Logprob.decoded_token
         self.step_count = 0
-        speculative = SpeculativeConfig.from_value(config.speculative_config)
-        self.speculator = Speculator(speculative, self.max_model_len) if speculative is not None else None
+        self.speculator = Speculator(speculative, self.max_model_len, self.drafter) if speculative is not None else None
         # decode steps launched before the previous one's results are read (engine.async_scheduling);
         # not under tensor parallelism, sliding-window release, longrope's switch or fault injection
         ahead = self.device.startswith("cuda") if config.async_scheduling is None else config.async_scheduling
@@ -289,6 +295,8 @@ class LLMEngine:
             return []
         if self.ahead is not None and self.ahead.can_start(sched.scheduled) and self.ahead.start(sched.scheduled):
             return []  # launched and left running: its outputs come with the next call
+        if self.drafter is not None:  # the placeholders the scheduler fitted become the draft model's tokens
+            sched.scheduled = self.speculator.fill(sched.scheduled)
         self.step_count += 1
         samples, failed = self._execute(sched.scheduled)
         outputs = [self._fail(seq, err) for seq, err in failed]

@@ -42,6 +42,13 @@ def test_speculation_leaves_adapted_greedy_output_unchanged(tiny_llama_dir, adap
     stats = spec.engine.stats()
     assert stats["spec_accepted_tokens"] > 0, stats  # verify steps ran with the adapters' slots
     assert spec.engine.lora.refs == [0, 0]
+    # a draft model (the base model drafting for its adapted self) changes nothing either
+    monkeypatch.undo()
+    drafted = LLM(tiny_llama_dir, speculative_config={"method": "draft_model", "model": tiny_llama_dir,
+                                                      "num_speculative_tokens": 4, "disable_by_batch_size": 64}, **kwargs)
+    got = [o.outputs[0].token_ids for o in drafted.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                                                             lora_request=loras)]
+    assert got == want and drafted.engine.stats()["spec_draft_tokens"] > 0
 
 
 def test_structured_output_and_n_choices_under_an_adapter(tiny_llama_dir, adapters):
