@@ -21,6 +21,7 @@
 #   profile     tools/step_profile.py at batch 10 and 50: $OUT/profile/ (summary.json, traces)
 #   ncu         tools/ncu.py under Nsight Compute: $OUT/ncu.txt and $OUT/w4a16.ncu-rep
 #   tp          E1-tp, tensor_parallel_size 1 and 2 (tp.py): on a machine of two GPUs
+#   lora-serve  E1-lora: E1 c=50 with 8 rank-16 LoRA adapters against no adapter (lora_serve.py)
 #
 # The H200 machine has python3 3.12, torch 2.11, triton 3.6, transformers 5.17; no runpod, no
 # llguidance, no jsonschema, and no network. What it lacks travels in the ignored .whl/ folder,
@@ -106,6 +107,7 @@ for step in "${steps[@]}"; do
                  "$PY" benchmarks/tools/ncu.py
              "$PY" benchmarks/tools/ncu.py --report "$OUT/w4a16.ncu-rep" > "$OUT/ncu.txt" 2>&1 ;;
         tp) run tp 570 "$PY" benchmarks/tp.py --tp 1 2 --out "$(out tp)" ;;
+        lora-serve) run lora-serve 570 "$PY" benchmarks/lora_serve.py --out "$(out lora_serve)" ;;
         *) echo "unknown step $step (see the header of $0)"; status=2 ;;
     esac
 done

@@ -108,7 +108,8 @@ def pct(xs, q):
 
 
 async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int, out_len: int, vocab: int,
-                      tag: str = "c"):
+                      tag: str = "c", loras=()):
+    """loras: LoRARequests the requests take in turn (none: the base model)."""
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True, detokenize=False)
@@ -129,7 +130,8 @@ async def closed_loop(engine, concurrency: int, per_client: int, prompt_len: int
             t0 = time.perf_counter()
             first = last = None
             n = 0
-            async for out in engine.generate(prompt, params, request_id=f"{tag}{concurrency}-{c}-{r}"):
+            lora = loras[(c * per_client + r) % len(loras)] if loras else None
+            async for out in engine.generate(prompt, params, request_id=f"{tag}{concurrency}-{c}-{r}", lora_request=lora):
                 now = time.perf_counter()
                 first = first or now
                 last = now
@@ -209,15 +211,18 @@ def hf_peer(shapes, batch, prompt_len, out_len):
 
 
 def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_len, bw, peak, peers, eager=False,
-                        profile=True, kv_cache_dtype="auto", weights=GROUP, async_scheduling=True):
+                        profile=True, kv_cache_dtype="auto", weights=GROUP, async_scheduling=True, path=None,
+                        loras=(), **engine_kwargs):
+    """path: the model folder (None: made here); loras: LoRARequests the requests take in turn
+    (with enable_lora and its sizes in engine_kwargs)."""
     from engine import AsyncLLMEngine, EngineConfig
 
-    path = model_dir(shapes, weights)
+    path = path or model_dir(shapes, weights)
     t0 = time.perf_counter()
     engine = AsyncLLMEngine.from_config(EngineConfig(
         model=path, load_format="dummy", dtype="bfloat16", max_model_len=4096, max_num_seqs=max(concurrencies),
         gpu_memory_utilization=0.9, enforce_eager=eager, kv_cache_dtype=kv_cache_dtype,
-        async_scheduling=async_scheduling))
+        async_scheduling=async_scheduling, **engine_kwargs))
     load_s = time.perf_counter() - t0
     st = engine.stats()
     mem = engine.engine.memory
@@ -227,9 +232,9 @@ def run_engine_workload(wid, shapes, concurrencies, per_client, prompt_len, out_
     for c in concurrencies:
         # one short wave first: the prefill kernels tune for this concurrency's batch shape outside the
         # timing (else whichever run comes first in a process pays it in its first wave's TTFT)
-        asyncio.run(closed_loop(engine, c, 1, prompt_len, 4, shapes["vocab_size"], tag="warm"))
+        asyncio.run(closed_loop(engine, c, 1, prompt_len, 4, shapes["vocab_size"], tag="warm", loras=loras))
         torch.cuda.reset_peak_memory_stats()
-        res = asyncio.run(closed_loop(engine, c, per_client, prompt_len, out_len, shapes["vocab_size"]))
+        res = asyncio.run(closed_loop(engine, c, per_client, prompt_len, out_len, shapes["vocab_size"], loras=loras))
         n = c * per_client
         floor = floor_seconds(shapes, weights, n, c, prompt_len, out_len, bw, peak,
                               kv_element_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)

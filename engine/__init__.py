@@ -13,6 +13,7 @@ _EXPORTS = {
     "EngineConfig": "engine.config",
     "EngineRequest": "engine.input_processor",
     "LLMEngine": "engine.llm_engine",
+    "LoRARequest": "engine.lora.request",
     "RequestOutput": "engine.outputs",
     "SamplingParams": "engine.sampling_params",
 }

@@ -111,16 +111,24 @@ class AsyncLLMEngine:
             await asyncio.sleep(0)
 
     async def generate(self, prompt, params: SamplingParams | None = None, request_id: str = "",
-                       priority: int = 0, cache_salt: str | None = None):
+                       priority: int = 0, cache_salt: str | None = None, lora_request=None):
         """Async generator of cumulative RequestOutputs of a prompt (or an EngineRequest
-        from `input_processor`, with params None); raises the request's EngineError if it
-        fails; cancelling the consumer aborts the request."""
+        from `input_processor`, with params None) run with an adapter (lora_request, an
+        engine.LoRARequest) or the base model; raises the request's EngineError if it fails;
+        cancelling the consumer aborts the request."""
         if self._dead is not None:
             raise EngineDeadError(f"engine is dead: {self._dead.message}")
         self._ensure_loop()
         q: asyncio.Queue = asyncio.Queue()
+        manager = self.engine.lora
+        loaded = None
+        if lora_request is not None and manager is not None and not manager.cached(lora_request):
+            loaded = await asyncio.to_thread(manager.load, lora_request)  # file reads off the event loop
         async with self._lock:
-            self.engine.add_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
+            if loaded is not None:
+                manager.put(loaded)  # add_request finds it cached
+            self.engine.add_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                    lora_request=lora_request)
         self._queues[request_id] = q
         self._wake.set()
         finished = False

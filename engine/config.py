@@ -7,6 +7,7 @@ from engine import faults
 from engine.errors import InvalidInputError
 from engine.quant.names import QUANTIZATIONS
 from engine.spec_decode.config import SpeculativeConfig
+from engine.validation import is_int
 
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -61,6 +62,13 @@ class EngineConfig:
     # speculative decoding (vLLM's dict, engine.spec_decode.config): {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m, ...}; None: off
     speculative_config: dict | None = None
+    # LoRA adapters (engine.lora, vLLM's names): requests name one with a LoRARequest; max_loras adapters sit
+    # in device slots at once (a request of another waits for a slot), of rank up to max_lora_rank;
+    # max_cpu_loras loaded adapters are kept on the host (None: max_loras)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -105,4 +113,21 @@ class EngineConfig:
             raise InvalidInputError(f"quantization {self.quantization!r} is not supported ({', '.join(QUANTIZATIONS)})",
                                     field="quantization")
         faults.validate(self.fault_injection)
+        self._check_lora()
         SpeculativeConfig.from_value(self.speculative_config)  # raises naming the field
+
+    def _check_lora(self) -> None:
+        if not isinstance(self.enable_lora, bool):
+            raise InvalidInputError("enable_lora must be true or false", field="enable_lora")
+        for name, low, high in (("max_loras", 1, 256), ("max_lora_rank", 1, 512), ("max_cpu_loras", 1, 4096)):
+            value = getattr(self, name)
+            if value is None and name == "max_cpu_loras":
+                continue
+            if not is_int(value) or not low <= value <= high:
+                raise InvalidInputError(f"{name} must be an integer in [{low}, {high}], got {value!r}", field=name)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise InvalidInputError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                                    f"({self.max_loras})", field="max_cpu_loras")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise InvalidInputError("LoRA adapters do not run under tensor parallelism yet: set "
+                                    "tensor_parallel_size=1 or enable_lora=false", field="enable_lora")

@@ -28,7 +28,7 @@ class DecodeGraphs:
     """The graphs of one model's decode steps; `replay` copies a step's inputs from
     the runner's host buffers into the persistent inputs, then replays."""
 
-    def __init__(self, model, device, max_batch: int, table_width: int):
+    def __init__(self, model, device, max_batch: int, table_width: int, lora: bool = False):
         self.model = model
         self.device = device
         self.sizes = batch_ladder(max_batch)
@@ -41,6 +41,8 @@ class DecodeGraphs:
         self.ctx = torch.zeros(self.max_batch, dtype=torch.int32, device=dev)
         self.qsl = torch.arange(self.max_batch + 1, dtype=torch.int32, device=dev)
         self.tables = torch.zeros(self.max_batch, W, dtype=torch.int32, device=dev)
+        # each row's adapter slot (engine.lora), an input of every graph when adapters are enabled
+        self.lora = torch.full((self.max_batch,), -1, dtype=torch.int32, device=dev) if lora else None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None  # the graphs' memory pool (engine.mixed_graphs captures into it too)
         self.capture_seconds = 0.0
@@ -48,7 +50,7 @@ class DecodeGraphs:
     def _context(self, bs: int) -> ForwardContext:
         return ForwardContext(slot_mapping=self.slots[:bs], block_tables=self.tables[:bs],
                               context_lens=self.ctx[:bs], query_start_loc=self.qsl[: bs + 1],
-                              is_decode=True)
+                              is_decode=True, lora_slots=self.lora[:bs] if self.lora is not None else None)
 
     def _forward(self, bs: int) -> torch.Tensor:
         model = self.model
@@ -89,6 +91,8 @@ class DecodeGraphs:
         self.slots[:bs].copy_(host.slots_t[:bs], non_blocking=True)
         self.ctx[:bs].copy_(host.ctx_t[:bs], non_blocking=True)
         self.tables[:bs, :cols].copy_(host.table_t[: bs * cols].view(bs, cols), non_blocking=True)
+        if self.lora is not None:
+            self.lora[:bs].copy_(host.lora_t[:bs], non_blocking=True)
 
     def replay(self, bs: int) -> torch.Tensor:
         """Logits [bs, vocab] of the copied-in step (a view of the graph's output)."""

@@ -75,3 +75,13 @@ class NonFiniteLogitsError(RequestFailedError):
     """The model gave NaN or infinite logits for one request (it fails that request only)."""
 
     code = "non_finite_logits"
+
+
+class LoRAError(InvalidInputError):
+    """An adapter this engine cannot run (engine.lora): `reason` names why (missing_file,
+    bad_config, unsupported, rank_too_large, unknown_module, shape, non_finite, wrong_base,
+    id_conflict) and `adapter` which one; the requests naming it fail, nothing else does."""
+
+    def __init__(self, message: str, *, adapter: str, reason: str, field: str = "lora_request"):
+        super().__init__(message, field=field, adapter=adapter, reason=reason)
+        self.reason = reason

@@ -28,20 +28,29 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
-                 priority: list[int] | None = None) -> list[RequestOutput]:
+                 priority: list[int] | None = None, lora_request=None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. Prompts: strings or
-        {"prompt_token_ids": [...]} dicts (a single one is accepted too)."""
+        {"prompt_token_ids": [...]} dicts (a single one is accepted too). lora_request: an
+        engine.LoRARequest for every prompt, or a list of one (or None) per prompt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError("one SamplingParams per prompt, or one for all")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError("one LoRARequest per prompt, or one for all")
         ids = []
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            rid = f"llm-{next(self._ids)}"
-            self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
-            ids.append(rid)
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, plist)):
+                rid = f"llm-{next(self._ids)}"
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0, lora_request=loras[i])
+                ids.append(rid)
+        except Exception:
+            for rid in ids:  # the prompts queued before the one refused are not left behind
+                self.engine.abort_request(rid)
+            raise
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.engine.step():
@@ -53,11 +62,12 @@ class LLM:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
 
-    def chat(self, conversations, params: SamplingParams | None = None, add_generation_prompt: bool = True):
+    def chat(self, conversations, params: SamplingParams | None = None, add_generation_prompt: bool = True,
+             lora_request=None):
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
         prompts = [{"messages": conv, "add_generation_prompt": add_generation_prompt} for conv in conversations]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora_request=lora_request)
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -19,7 +19,10 @@ from engine.input_processor import EngineRequest, InputProcessor
 from engine.memory import log_gpu_memory, num_kv_blocks
 from engine.model import loader
 from engine.model.spec import context_length
-from engine.logprobs import PromptRows, TokenDecoder
+from engine.logprobs import TokenDecoder, prompt_rows
+from engine.lora.manager import SALT as LORA_SALT
+from engine.lora.manager import LoRAManager, check_lora_request
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput, request_output
 from engine.parallel_sampling import ParentRequest, child_id, child_params
 from engine.runner import ModelRunner
@@ -29,6 +32,7 @@ from engine.scheduler import Scheduler, use_long_rope
 from engine.sequence import Sequence, SequenceStatus
 from engine.spec_decode import verify
 from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.draft_model import DraftModel
 from engine.spec_decode.speculator import Speculator
 from engine.structured.masks import MaskFiller, advance
 from engine.tokenizer import load_tokenizer
@@ -109,9 +113,17 @@ class LLMEngine:
                                   max_num_seqs=config.max_num_seqs, max_num_batched_tokens=budget,
                                   max_model_len=self.max_model_len,
                                   kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype))
+        # adapters' slots before the KV cache is sized, so their memory is counted (None: enable_lora off)
+        self.lora = LoRAManager.for_engine(config, self.model, self.runner, self.dtype, self.device)
+        speculative = SpeculativeConfig.from_value(config.speculative_config)
+        # draft_model: the drafting model loads before the KV cache is sized, its KV in the same blocks
+        self.drafter = DraftModel.for_engine(speculative, self, budget)
         self.memory: dict = {}
-        num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory)
+        num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory,
+                                                           also=self.drafter.runner if self.drafter else None)
         self.runner.allocate_kv_cache(num_blocks)
+        if self.drafter is not None:
+            self.drafter.allocate(num_blocks)
         if self.device.startswith("cuda"):
             if not config.enforce_eager:
                 mixed = min(config.max_cudagraph_tokens, budget)
@@ -120,6 +132,7 @@ class LLMEngine:
         block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                      ttl_s=config.prefix_cache_ttl_s)
         self.scheduler = Scheduler(block_manager, config.max_num_seqs, budget)
+        self.scheduler.lora = self.lora
         long_rope = getattr(self.model, "long_rope", None)
         self.scheduler.rope_switch = long_rope[0] if long_rope else None
         windows = [spec.window(i) for i in range(spec.num_layers)]
@@ -136,8 +149,7 @@ class LLMEngine:
         self.parents: dict[str, ParentRequest] = {}  # requests of n > 1 (or best_of) choices
         self.token_decoder = TokenDecoder(self.tokenizer)  # Logprob.decoded_token
         self.step_count = 0
-        speculative = SpeculativeConfig.from_value(config.speculative_config)
-        self.speculator = Speculator(speculative, self.max_model_len) if speculative is not None else None
+        self.speculator = Speculator(speculative, self.max_model_len, self.drafter) if speculative is not None else None
         # decode steps launched before the previous one's results are read (engine.async_scheduling);
         # not under tensor parallelism, sliding-window release, longrope's switch or fault injection
         ahead = self.device.startswith("cuda") if config.async_scheduling is None else config.async_scheduling
@@ -184,13 +196,16 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | dict | None = None,
-                    priority: int = 0, cache_salt: str | None = None) -> Sequence:
+                    priority: int = 0, cache_salt: str | None = None, lora_request: LoRARequest | None = None
+                    ) -> Sequence:
         """Queue a request: a prompt (see InputProcessor.encode) with its sampling params,
-        or an EngineRequest the input processor made (then params must be None)."""
+        or an EngineRequest the input processor made (then params must be None); lora_request:
+        the adapter it runs with (LoRAError, before anything is queued, when it cannot)."""
         if request_id in self.requests or request_id in self.parents:
             raise InvalidInputError(f"request id {request_id!r} is already running", field="request_id")
         if not is_int(priority):
             raise InvalidInputError("priority must be an integer", field="priority")
+        check_lora_request(self.lora, lora_request)
         if isinstance(prompt, EngineRequest):
             if params is not None:
                 raise InvalidInputError("an EngineRequest carries its own sampling params; pass params=None",
@@ -200,11 +215,11 @@ class LLMEngine:
             req = self.input_processor.process(prompt, params)
         choices = req.params.num_choices
         if choices == 1:
-            seq = self._new_seq(request_id, req, req.params, priority, cache_salt)
+            seq = self._new_seq(request_id, req, req.params, priority, cache_salt, lora_request=lora_request)
             self.scheduler.add(seq)
             return seq
-        children = [self._new_seq(child_id(request_id, i), req, child_params(req.params, i), priority, cache_salt, i)
-                    for i in range(choices)]
+        children = [self._new_seq(child_id(request_id, i), req, child_params(req.params, i), priority, cache_salt, i,
+                                  lora_request) for i in range(choices)]
         parent = self.parents[request_id] = ParentRequest(request_id, req.params, children)
         for child in children:
             child.parent = parent
@@ -212,9 +227,11 @@ class LLMEngine:
         return children[0]
 
     def _new_seq(self, request_id: str, req: EngineRequest, params: SamplingParams, priority: int,
-                 cache_salt: str | None, index: int = 0) -> Sequence:
+                 cache_salt: str | None, index: int = 0, lora_request: LoRARequest | None = None) -> Sequence:
+        if lora_request is not None:  # its KV blocks hash apart from the base model's and other adapters'
+            cache_salt = f"{cache_salt or ''}{LORA_SALT}{lora_request.lora_int_id}"
         seq = Sequence(request_id, req.prompt, req.prompt_token_ids, params, req.max_tokens, priority=priority,
-                       cache_salt=cache_salt, index=index)
+                       cache_salt=cache_salt, index=index, lora_request=lora_request)
         if self.scheduler.rope_switch is not None and seq.num_tokens > self.scheduler.rope_switch:
             use_long_rope(seq)
         seq.detok = Detokenizer(self.tokenizer, req.prompt_token_ids, params, self.eos_token_ids, req.max_tokens,
@@ -227,6 +244,8 @@ class LLMEngine:
             seq.logprobs = []
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None]
+        if lora_request is not None:
+            self.lora.add(lora_request)  # loaded and checked now: LoRAError before anything is queued
         self.requests[request_id] = seq
         return seq
 
@@ -276,6 +295,8 @@ class LLMEngine:
             return []
         if self.ahead is not None and self.ahead.can_start(sched.scheduled) and self.ahead.start(sched.scheduled):
             return []  # launched and left running: its outputs come with the next call
+        if self.drafter is not None:  # the placeholders the scheduler fitted become the draft model's tokens
+            sched.scheduled = self.speculator.fill(sched.scheduled)
         self.step_count += 1
         samples, failed = self._execute(sched.scheduled)
         outputs = [self._fail(seq, err) for seq, err in failed]
@@ -340,7 +361,7 @@ class LLMEngine:
 
     def _run(self, scheduled):
         self.faults.before_run(self.step_count, scheduled)
-        prompt, rows = self._prompt_rows(scheduled)
+        prompt, rows = prompt_rows(scheduled)
         samplers = [(seq, n) for seq, n in scheduled if seq.num_computed_tokens + n >= seq.num_tokens]
         seqs = [s for s, _ in samplers]
         views = verify.rows(seqs) if self.speculator is not None else seqs  # k + 1 rows for a request with k drafts
@@ -361,23 +382,6 @@ class LLMEngine:
             self.speculator.record(seqs, results)
         samples = iter(results)
         return [next(samples) if seq.num_computed_tokens + n >= seq.num_tokens else None for seq, n in scheduled]
-
-    @staticmethod
-    def _prompt_rows(scheduled) -> tuple[PromptRows | None, list[tuple[int, int, int]]]:
-        """The prompt positions of this step whose logits give prompt_logprobs not yet taken:
-        (PromptRows for the sampler, (scheduled index, offset in the chunk, count) for the runner).
-        A recomputed prompt (preemption) takes none twice."""
-        entries, rows = [], []
-        for i, (seq, n) in enumerate(scheduled):
-            if seq.prompt_logprobs is None:
-                continue
-            start = seq.num_computed_tokens
-            first = max(len(seq.prompt_logprobs), start + 1)  # the first prompt token to score
-            last = min(start + n, seq.num_prompt_tokens - 1)  # position p predicts token p + 1
-            if last >= first:
-                entries.append((seq, first, last - first + 1))
-                rows.append((i, first - 1 - start, last - first + 1))
-        return (PromptRows(entries) if entries else None), rows
 
     def _empty_cache(self):
         if self.device.startswith("cuda"):
@@ -423,8 +427,10 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence) -> None:
-        self.requests.pop(seq.request_id, None)
+        known = self.requests.pop(seq.request_id, None) is not None
         self.scheduler.finish(seq)
+        if known and seq.lora_request is not None:
+            self.lora.remove(seq.lora_request)
 
     def _fail(self, seq: Sequence, err: EngineError) -> RequestOutput:
         self._finish(seq)
@@ -440,5 +446,6 @@ class LLMEngine:
             "num_steps": self.step_count,
             "num_async_steps": self.ahead.num_steps if self.ahead is not None else 0,
             **(self.speculator.stats() if self.speculator is not None else {}),
+            **(self.lora.stats() if self.lora is not None else {}),
             **{k: v for k, v in self.memory.items() if k == "gpu_memory_fraction"},
         }

@@ -80,3 +80,20 @@ class TokenDecoder:
             for tok, entry in lp.items():
                 if entry.decoded_token is None:
                     entry.decoded_token = self(tok)
+
+
+def prompt_rows(scheduled) -> tuple[PromptRows | None, list[tuple[int, int, int]]]:
+    """The prompt positions of this step whose logits give prompt_logprobs not yet taken:
+    (PromptRows for the sampler, (scheduled index, offset in the chunk, count) for the runner).
+    A recomputed prompt (preemption) takes none twice."""
+    entries, rows = [], []
+    for i, (seq, n) in enumerate(scheduled):
+        if seq.prompt_logprobs is None:
+            continue
+        start = seq.num_computed_tokens
+        first = max(len(seq.prompt_logprobs), start + 1)  # the first prompt token to score
+        last = min(start + n, seq.num_prompt_tokens - 1)  # position p predicts token p + 1
+        if last >= first:
+            entries.append((seq, first, last - first + 1))
+            rows.append((i, first - 1 - start, last - first + 1))
+    return (PromptRows(entries) if entries else None), rows

@@ -29,10 +29,13 @@ def mixed_graph_reserve(peak: int, budget: int, graph_tokens: int) -> int:
     return int(peak * graph_tokens / budget) + GRAPH_RESERVE_BYTES
 
 
-def num_kv_blocks(runner, config, max_model_len: int, max_num_batched_tokens: int, memory: dict) -> int:
+def num_kv_blocks(runner, config, max_model_len: int, max_num_batched_tokens: int, memory: dict, also=None) -> int:
     """Blocks for the KV cache; the CUDA figures it weighed go into `memory`. The profiled
-    forward runs here (a full token budget over max_num_seqs sequences, all sampling)."""
+    forward runs here (a full token budget over max_num_seqs sequences, all sampling).
+    also: another runner whose KV cache shares the blocks (a draft model's): its bytes count too."""
     per_block = kv_bytes_per_block(runner.model.spec, config.block_size, runner.kv_cache_dtype)
+    if also is not None:
+        per_block += kv_bytes_per_block(also.model.spec, config.block_size, also.kv_cache_dtype)
     if runner.device.type == "cuda":
         peak = runner.profile_peak_bytes(max_num_batched_tokens, config.max_num_seqs)
         free, total = torch.cuda.mem_get_info()

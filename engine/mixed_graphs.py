@@ -37,7 +37,7 @@ class MixedGraphs:
     """Graphs of the model body for steps of up to max_tokens tokens in at most
     max_seqs sequences, over persistent inputs filled by copy_inputs."""
 
-    def __init__(self, model, device, max_tokens: int, max_seqs: int, table_width: int):
+    def __init__(self, model, device, max_tokens: int, max_seqs: int, table_width: int, lora: bool = False):
         self.model = model
         self.device = device
         self.sizes = token_ladder(max_tokens)
@@ -50,19 +50,23 @@ class MixedGraphs:
         self.ctx = torch.zeros(S, dtype=torch.int32, device=dev)
         self.qsl = torch.zeros(S + 1, dtype=torch.int32, device=dev)
         self.tables = torch.zeros(S, table_width, dtype=torch.int32, device=dev)
+        self.lora = torch.full((T,), -1, dtype=torch.int32, device=dev) if lora else None  # tokens' adapter slots
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
         self.replays = 0  # steps run by a graph here
 
     def _forward(self, tb: int) -> torch.Tensor:
         ctx = ForwardContext(slot_mapping=self.slots[:tb], block_tables=self.tables, context_lens=self.ctx,
-                             query_start_loc=self.qsl, is_decode=False)
+                             query_start_loc=self.qsl, is_decode=False,
+                             lora_slots=self.lora[:tb] if self.lora is not None else None)
         with forward_context(ctx):
             return self.model(self.ids[:tb], self.pos[:tb])
 
     def _dummy_inputs(self, tb: int) -> None:
         """One sequence of tb tokens attending to block 0, writing nothing."""
         self.slots.fill_(-1)
+        if self.lora is not None:
+            self.lora.fill_(-1)
         self.pos[:tb] = torch.arange(tb, device=self.device)
         self.qsl.fill_(tb)
         self.qsl[0] = 0
@@ -114,6 +118,9 @@ class MixedGraphs:
         self.ctx.copy_(host.ctx_t[:S], non_blocking=True)
         self.qsl.copy_(host.qsl_t[: S + 1], non_blocking=True)
         self.tables[:n_seqs, :cols].copy_(host.table_t[: n_seqs * cols].view(n_seqs, cols), non_blocking=True)
+        if self.lora is not None:
+            host.lora[tokens:tb] = -1
+            self.lora[:tb].copy_(host.lora_t[:tb], non_blocking=True)
 
     def replay(self, tb: int) -> torch.Tensor:
         """The hidden states [tb, hidden] of the copied-in step (a view of the graph's output)."""

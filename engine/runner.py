@@ -37,6 +37,7 @@ class HostBuffers:
         self.ctx_t, self.ctx = buf(max_seqs + 1, torch.int32)  # + 1: a mixed-step graph's padding sequence
         self.qsl_t, self.qsl = buf(max_seqs + 2, torch.int32)
         self.rows_t, self.rows = buf(max_tokens, torch.int64)  # a verify step samples several rows a request
+        self.lora_t, self.lora = buf(max_tokens, torch.int32)  # each token's adapter slot (engine.lora)
         self.table_t = torch.empty(0, dtype=torch.int32)
         self.copied: torch.cuda.Event | None = None
 
@@ -77,6 +78,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
         cuda = self.device.type == "cuda"
         self.host = HostBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, pin=cuda)
+        self.lora = False  # adapters enabled (engine.lora): steps carry each token's slot
         self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured (capture_graphs)
         self.mixed = None  # engine.mixed_graphs.MixedGraphs once captured
         if cuda:  # the kernels' tuned configs from earlier processes, and ours kept for later ones
@@ -95,10 +97,11 @@ class ModelRunner:
         from engine.cuda_graph import DecodeGraphs
         from engine.mixed_graphs import MixedGraphs
 
-        self.graphs = DecodeGraphs(self.model, self.device, max_batch, self.max_blocks_per_seq)
+        self.graphs = DecodeGraphs(self.model, self.device, max_batch, self.max_blocks_per_seq, lora=self.lora)
         self.graphs.capture()
         if max_mixed_tokens:
-            mixed = MixedGraphs(self.model, self.device, max_mixed_tokens, self.max_num_seqs, self.max_blocks_per_seq)
+            mixed = MixedGraphs(self.model, self.device, max_mixed_tokens, self.max_num_seqs, self.max_blocks_per_seq,
+                                lora=self.lora)
             try:
                 mixed.capture(self.graphs.pool)
             except torch.OutOfMemoryError:
@@ -173,6 +176,8 @@ class ModelRunner:
                 h.ids[t : t + n] = known if len(known) == n else known + seq.spec_token_ids[: n - len(known)]
                 h.pos[t : t + n] = pos if long_rope is None else rope_row(long_rope, seq, pos)
                 h.slots[t : t + n] = np.asarray(bt, dtype=np.int64)[pos // bs] * bs + pos % bs
+            if self.lora:
+                h.lora[t : t + n] = seq.lora_slot
             t += n
             max_q = max(max_q, n)
             h.qsl[i + 1] = t
@@ -187,6 +192,7 @@ class ModelRunner:
             h.ids[t : t + rows_n - n_seqs] = 0
             h.pos[t : t + rows_n - n_seqs] = 0
             h.slots[t : t + rows_n - n_seqs] = -1
+            h.lora[t : t + rows_n - n_seqs] = -1
             h.ctx[n_seqs:rows_n] = 0
             h.qsl[n_seqs + 1 : rows_n + 1] = np.arange(t + 1, t + 1 + rows_n - n_seqs)
             table[n_seqs:rows_n] = 0
@@ -222,6 +228,9 @@ class ModelRunner:
         h.pos[n:rows_n] = 0
         h.slots[n:rows_n] = -1
         h.ctx[n:rows_n] = 0
+        if self.lora:
+            h.lora[:n] = [seq.lora_slot for seq in seqs]
+            h.lora[n:rows_n] = -1
         # a decode row samples unless it is a one-token chunk short of its prompt's end
         sample_rows = [i for i, (seq, s) in enumerate(zip(seqs, start.tolist())) if s + 1 >= len(seq.token_ids)]
         h.rows[: len(sample_rows)] = sample_rows
@@ -245,6 +254,7 @@ class ModelRunner:
             context_lens=self._to_device(h.ctx_t[:n_seqs]),
             query_start_loc=self._to_device(h.qsl_t[: n_seqs + 1]),
             is_decode=max_q == 1,
+            lora_slots=self._to_device(h.lora_t[:tokens]) if self.lora else None,
         )
         ids = self._to_device(h.ids_t[:tokens])
         pos = self._to_device(h.pos_t[:tokens])

@@ -50,6 +50,7 @@ class Scheduler:
         # every layer sliding: the widest window; blocks below it are released (None: keep all)
         self.window: int | None = None
         self.num_window_released = 0
+        self.lora = None  # engine.lora.manager.LoRAManager when adapters are enabled
 
     def add(self, seq: Sequence):
         seq.status = SequenceStatus.WAITING
@@ -58,10 +59,28 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _free(self, seq: Sequence) -> None:
+        """Its KV blocks and its adapter's slot go back."""
+        self.bm.free_seq(seq)
+        self._release_lora(seq)
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if seq.lora_slot >= 0:
+            self.lora.release(seq.lora_slot)
+            seq.lora_slot = -1
+
+    def _lora_slot(self, seq: Sequence) -> bool:
+        """A waiting request's adapter in a device slot (False: every slot is in use: it waits)."""
+        if seq.lora_request is None or seq.lora_slot >= 0:
+            return True
+        slot = self.lora.acquire(seq.lora_request.lora_int_id)
+        seq.lora_slot = -1 if slot is None else slot
+        return slot is not None
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput):
         seq.spec_token_ids = []
         self.running.remove(seq)
-        self.bm.free_seq(seq)
+        self._free(seq)
         seq.num_preemptions += 1
         seq.preempted_time = time.monotonic()
         self.num_preemptions += 1
@@ -73,7 +92,7 @@ class Scheduler:
         factors) is dropped and recomputed with the long ones, as transformers' Phi-3 does
         when it crosses; it waits again, ahead of later arrivals by its sort key."""
         self.running.remove(seq)
-        self.bm.free_seq(seq)
+        self._free(seq)
         use_long_rope(seq)
         self.num_rope_recomputes += 1
         self.add(seq)
@@ -114,17 +133,22 @@ class Scheduler:
                 i += 1
         if out.preempted:
             return out  # no admissions while memory is short
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            if not self._lora_slot(seq):
+                i += 1  # its adapter waits for a slot; the requests behind it go ahead
+                continue
             if self.rope_switch is not None and not seq.long_rope and seq.num_tokens > self.rope_switch:
                 use_long_rope(seq)  # preempted past the switch: recomputed with the long factors
             computed, n = self._admission(seq, budget)
             if not self.bm.allocate_slots(seq, n, computed):
+                self._release_lora(seq)
                 break
             if self.window is not None:  # a cached prefix longer than the window: only its tail is kept
                 self.num_window_released += self.bm.release_outside_window(seq, self.window)
             self.bm.record_query(seq.num_tokens, len(computed) * self.bm.block_size)
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
             out.scheduled.append((seq, n))
@@ -155,6 +179,8 @@ class Scheduler:
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
             return False
         seq = self.waiting[0]
+        if seq.lora_request is not None and not self.lora.can_acquire(seq.lora_request.lora_int_id):
+            return False
         computed, n = self._admission(seq, budget)
         return self.bm.can_allocate(seq, n, computed)
 
@@ -224,5 +250,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.bm.free_seq(seq)
+        self._free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -55,6 +55,8 @@ class Sequence:
     long_rope: bool = False  # longrope: rotated with the long factors (its length passed the switch)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts verified in the coming step (engine.spec_decode)
     spec: object = None  # engine.spec_decode.speculator.SpecState once it may speculate
+    lora_request: object = None  # engine.lora.LoRARequest: the adapter it runs with (None: the base model)
+    lora_slot: int = -1  # the device slot holding its adapter while it runs (engine.lora.manager)
 
     def __post_init__(self):
         if not self.token_ids:

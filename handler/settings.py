@@ -151,7 +151,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("SPECULATIVE_CONFIG", "json", None, "Speculative decoding for every job, vLLM's speculative_config as JSON "
        "(worker-vllm's name): `{\"method\": \"ngram\", \"num_speculative_tokens\": 4}` drafts up to 4 tokens a "
        "step by prompt lookup (`prompt_lookup_max`, `prompt_lookup_min`: the n-grams looked up) and verifies them in "
-       "one forward; greedy output is unchanged. Off above `disable_by_batch_size` running requests (default 8). "
+       "one forward; greedy output is unchanged. `{\"method\": \"draft_model\", \"model\": \"<folder or hub id>\", "
+       "\"num_speculative_tokens\": 4}` drafts with a small model of the same tokenizer instead. Off above "
+       "`disable_by_batch_size` running requests (default 8). "
        "Unset: only `summarize` jobs speculate (SUMMARIZE_SPECULATION).", group="model"),
     _s("FAULT_INJECTION", "json", None, "Testing only, off by default: JSON handed to the engine's fault_injection, "
        "e.g. `{\"oom_at_step\": 3, \"oom_request_id\": \"job-1\"}`.", group="model"),

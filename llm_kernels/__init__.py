@@ -12,6 +12,7 @@ from llm_kernels.w4a16 import W4A16Weight, awq_dequantize, awq_gemm, pack_awq_in
 from llm_kernels.w4a16 import linear as w4a16_linear
 from llm_kernels.w4a16 import prepare as w4a16_prepare
 from llm_kernels.kv_cache import FP8_DTYPES, write_kv_cache
+from llm_kernels.lora import add_lora
 from llm_kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from llm_kernels.norm import fused_add_rms_norm, rms_norm
 from llm_kernels.rotary import rotary_embedding
@@ -21,6 +22,7 @@ from llm_kernels.token_mask import apply_token_bitmask
 __all__ = [
     "FP8_DTYPES",
     "AWQExperts",
+    "add_lora",
     "awq_experts_dequantize",
     "fused_moe",
     "fused_moe_awq",

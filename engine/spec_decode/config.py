@@ -9,7 +9,7 @@ from engine.errors import InvalidInputError
 from engine.validation import is_int, is_number
 
 FIELD = "speculative_config"
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # steps with more running requests than this propose nothing (vLLM's disable_by_batch_size):
 # on the 2-core CPU verify steps of 5 positions still paid at 8 summaries decoding together
 # (1.18x decode speed, 1.04x end to end; benchmarks/spec_decode.py, S1-x), so no smaller
@@ -26,6 +26,7 @@ def _fail(name: str, problem: str):
 class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 4  # k: drafted tokens verified per request and step
+    model: str | None = None  # draft_model: the small model of the same tokenizer that drafts (a folder or hub id)
     prompt_lookup_max: int = LOOKUP_MAX  # longest n-gram looked up (ngram)
     prompt_lookup_min: int = LOOKUP_MIN  # shortest n-gram looked up (ngram)
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
@@ -70,6 +71,10 @@ class SpeculativeConfig:
             v = getattr(self, name)
             if not (is_int(v) and low <= v <= high):
                 _fail(name, f"must be an integer in [{low}, {high}], got {v!r}")
+        if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
+            _fail("model", "is required with method draft_model: the drafting model's folder or hub id")
+        if self.method == "ngram" and self.model is not None:
+            _fail("model", "is for method draft_model (ngram drafts by prompt lookup, with no model)")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             _fail("prompt_lookup_min", f"({self.prompt_lookup_min}) must not exceed prompt_lookup_max "
                   f"({self.prompt_lookup_max})")

@@ -11,6 +11,8 @@ from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import NgramIndex
 from engine.spec_decode.verify import grammar_rows
 
+PLACEHOLDER = -1  # a draft slot the scheduler sizes before the draft model fills it
+
 
 @dataclass(slots=True)
 class SpecState:
@@ -23,12 +25,16 @@ class SpecState:
     paused_until: int = 0  # no drafts before this step
     pause: int = 0  # steps of its last pause (doubling while its windows keep failing)
     matchers: list = field(default_factory=list)  # its grammar's state after each draft (structured output)
+    draft_kv: int = 0  # draft_model: its tokens with the draft model's KV written
+    draft_kv_preemptions: int = -1  # its preemptions when that KV was written (another count: freed since)
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, drafter=None):
+        """drafter: engine.spec_decode.draft_model.DraftModel for method draft_model (else prompt lookup)."""
         self.config = config
         self.max_model_len = max_model_len
+        self.drafter = drafter
         self.step = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -79,6 +85,9 @@ class Speculator:
             k = self._room(seq)
             if k <= 0:
                 continue
+            if self.drafter is not None:  # placeholders the scheduler fits; fill() makes them drafts
+                seq.spec_token_ids = [PLACEHOLDER] * k
+                continue
             drafts = self.draft(seq, k)
             if drafts and seq.matcher is not None:
                 drafts, state.matchers = grammar_rows(seq.matcher, drafts)
@@ -87,6 +96,19 @@ class Speculator:
     def draft(self, seq: Sequence, k: int) -> list[int]:
         """Up to k tokens the method guesses will follow seq's."""
         return seq.spec.index.propose(seq.token_ids, k)
+
+    def fill(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+        """draft_model: the scheduled requests' placeholders become the draft model's tokens (cut
+        where a structured output's grammar rejects one); the schedule with each verify run's length."""
+        seqs = [seq for seq, _ in scheduled if seq.spec_token_ids]
+        if self.drafter is None or not seqs:
+            return scheduled
+        self.drafter.fill(seqs)
+        for seq in seqs:
+            if seq.matcher is not None:
+                seq.spec_token_ids, seq.spec.matchers = grammar_rows(seq.matcher, seq.spec_token_ids)
+        drafting = {id(seq) for seq in seqs}
+        return [(seq, 1 + len(seq.spec_token_ids)) if id(seq) in drafting else (seq, n) for seq, n in scheduled]
 
     def record(self, seqs: list[Sequence], runs: list) -> None:
         """Count a verify step's drafts and accepted tokens (runs: engine.spec_decode.verify.accepted_runs)."""

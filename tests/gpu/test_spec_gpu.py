@@ -42,3 +42,21 @@ def test_verify_steps_keep_greedy_tokens(ckpt, dtype, monkeypatch):  # noqa: F81
     print(f"{dtype}: {st['spec_verify_steps']} verify steps, {st['spec_tokens_per_verify']:.2f} tokens a verify, "
           f"{flips} of {len(ref)} sequences flipped at a near tie")  # bfloat16 on an H100: 8 of 12 (a random
     # tiny model's top two logits are often within bfloat16's rounding; float32: none)
+
+
+def test_a_draft_model_on_cuda_keeps_greedy_tokens(ckpt):  # noqa: F811
+    """The target drafting for itself (its draft runner eager, the target's steps in CUDA graphs):
+    float32 tokens unchanged, nearly every draft accepted."""
+    prompts = _prompts(6, seed=7)
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    plain = LLM(ckpt, device="cuda", dtype="float32", num_kv_blocks=1024, max_num_seqs=32)
+    ref = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    del plain
+    llm = LLM(ckpt, device="cuda", dtype="float32", num_kv_blocks=1024, max_num_seqs=32,
+              speculative_config={"method": "draft_model", "model": ckpt, "num_speculative_tokens": 4,
+                                  "disable_by_batch_size": 64})
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    st = llm.stats()
+    assert got == ref
+    assert st["spec_accepted_tokens"] > 0.9 * st["spec_draft_tokens"] > 0, st
+    assert st["kv_blocks_free"] == st["kv_blocks_total"]

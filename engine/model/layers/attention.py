@@ -21,6 +21,7 @@ class ForwardContext:
     context_lens: torch.Tensor  # int32 [B]
     query_start_loc: torch.Tensor  # int32 [B+1]
     is_decode: bool  # every sequence has exactly one new token
+    lora_slots: torch.Tensor | None = None  # int32 [T]: each token's adapter slot (-1 none); None: adapters off
 
 
 _LOCAL = threading.local()  # .ctx: this thread's ForwardContext

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import llm_kernels
+from engine.model.layers.attention import get_forward_context
 from engine.distributed import SINGLE, TPGroup
 from engine.quant import LinearMethod, QuantMethod
 
@@ -59,6 +60,7 @@ class Linear(nn.Module):
         self.in_features, self.output_sizes = in_features, list(output_sizes)
         self.method.create_weights(self, bias, dtype, device)
         self.loaded: set[tuple[int, str]] = set()
+        self.lora = None  # engine.lora.slots.LoRAWeights when adapters may change this linear
 
     def shard_offset(self, shard: int) -> int:
         return sum(self.output_sizes[:shard])
@@ -104,8 +106,14 @@ class Linear(nn.Module):
     def forward(self, x):
         if self.split == "row":
             y = self.tp.all_reduce(self.method.apply(self, x, None))
-            return y + self.bias if self.bias is not None else y
-        return self.method.apply(self, x, self.bias)
+            y = y + self.bias if self.bias is not None else y
+        else:
+            y = self.method.apply(self, x, self.bias)
+        if self.lora is not None:
+            slots = get_forward_context().lora_slots
+            if slots is not None:  # each token's adapter update, beside the (quantized or dense) base
+                llm_kernels.add_lora(y, x, self.lora.a, self.lora.b, slots)
+        return y
 
 
 def make_linear(quant: QuantMethod | None, prefix: str, in_features: int, output_sizes: list[int], bias: bool,

@@ -1,0 +1,66 @@
+"""The tuner's candidate configs of the LoRA kernels (llm_kernels.lora.kernels) and the keys
+they are tuned under. The first candidate is the interpreter's, the one taken inside a graph
+capture before the shape was tuned, and the yardstick the others must agree with; the lists
+stay short (each candidate is timed once per key on CUDA).
+
+shrink {BM, BK, waves | split, warps, stages}: token tile, K step, K split (about `waves`
+programs an SM, or `split` parts). expand {BM, BN, warps, stages}: token tile, N tile."""
+import torch
+
+from llm_kernels.dispatch import next_pow2
+
+TOKEN_BUCKET_CAP = 1024  # token counts above share one key: tiles of one sequence's tokens alike
+
+
+def token_bucket(T: int) -> int:
+    """What a config is tuned for along the tokens: T up to its next power of two, capped."""
+    return min(next_pow2(max(1, T)), TOKEN_BUCKET_CAP)
+
+
+def shrink_key(T: int, K: int, br: int, dtype) -> tuple:
+    return (token_bucket(T), K, br, dtype)
+
+
+def expand_key(T: int, N: int, br: int, dtype) -> tuple:
+    return (token_bucket(T), N, br, dtype)
+
+
+def _bm(T: int, cap: int) -> int:
+    """A token tile holding all of a decode batch up to cap rows, at least 16 (the MMA side)."""
+    return max(16, min(cap, next_pow2(max(1, T))))
+
+
+def shrink_configs(T: int, dtype, device) -> list[dict]:
+    """Candidates of the shrink for T tokens."""
+    if device.type != "cuda":  # the interpreter: small tiles, K split 3 ways (the workspace path)
+        return [{"BM": 16, "BK": 32, "split": 3}, {"BM": 32, "BK": 16, "split": 1}]
+    if dtype == torch.float32:
+        return [{"BM": 16, "BK": 32, "waves": 2, "warps": 4, "stages": 2}]
+    bm = _bm(T, 64)
+    if T <= 256:
+        # decode: one or few tiles, K split until about 2-4 programs an SM read A and x in parallel
+        return [{"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
+                {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3},
+                {"BM": bm, "BK": 64, "waves": 4, "warps": 4, "stages": 3},
+                {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3}]
+    # prefill: many token tiles already fill the machine, few or no splits
+    return [{"BM": 64, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
+            {"BM": 128, "BK": 64, "waves": 1, "warps": 8, "stages": 3},
+            {"BM": 64, "BK": 128, "waves": 1, "warps": 4, "stages": 3}]
+
+
+def expand_configs(T: int, dtype, device) -> list[dict]:
+    """Candidates of the expand for T tokens."""
+    if device.type != "cuda":  # the interpreter
+        return [{"BM": 16, "BN": 32}, {"BM": 32, "BN": 64}]
+    if dtype == torch.float32:
+        return [{"BM": 16, "BN": 64, "warps": 4, "stages": 2}]
+    bm = _bm(T, 64)
+    if T <= 256:
+        return [{"BM": bm, "BN": 128, "warps": 4, "stages": 2},
+                {"BM": bm, "BN": 64, "warps": 4, "stages": 2},
+                {"BM": bm, "BN": 256, "warps": 8, "stages": 2},
+                {"BM": 16, "BN": 128, "warps": 4, "stages": 2}]
+    return [{"BM": 64, "BN": 128, "warps": 4, "stages": 2},
+            {"BM": 128, "BN": 128, "warps": 8, "stages": 2},
+            {"BM": 64, "BN": 256, "warps": 8, "stages": 2}]

@@ -1,0 +1,31 @@
+"""The batched LoRA update in PyTorch, for the CPU: tokens grouped by slot, one pair of
+matmuls per distinct slot.
+
+A Python loop over the slots in use is cheap here (the host runs the math anyway) and reads
+each adapter's A and B once however many tokens use it. The math is float32 whatever the
+model's dtype: the result is the reference's (one rounding into out), and a float32 matmul
+goes to MKL, which keeps nothing per shape, where a bfloat16 one would make oneDNN build and
+keep a kernel for every token count it meets (llm_kernels/dense.py tells that story)."""
+from __future__ import annotations
+
+import torch
+
+
+def add_lora_cpu(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                 slots: torch.Tensor) -> None:
+    """add_lora on torch ops (any device; reads slots on the host)."""
+    if out.shape[0] == 0 or a.shape[0] == 0:
+        return
+    xf = x if x.dtype == torch.float32 else x.float()
+    slots = slots.to(torch.int64)
+    for s in torch.unique(slots).tolist():
+        if s < 0:
+            continue
+        rows = torch.nonzero(slots == s).squeeze(1)
+        whole = rows.numel() == out.shape[0]  # one adapter for the whole batch: no gather
+        xs = xf if whole else xf.index_select(0, rows)
+        delta = (xs @ a[s].float().t()) @ b[s].float().t()
+        if whole:
+            out.copy_(out.float().add_(delta))
+        else:
+            out.index_copy_(0, rows, out.index_select(0, rows).float().add_(delta).to(out.dtype))

@@ -1,0 +1,194 @@
+"""The Triton kernels of batched LoRA and their launchers: shrink (y = x a[s]^T, float32) then
+expand (out += y b[s]^T), each token on its own slot s, in two launches with no host
+synchronisation (slots is read on the device only, so a CUDA graph can replay them with new
+slots).
+
+Both kernels tile the tokens (BLOCK_M rows, the grid's token axis) and loop, inside a program,
+over the distinct slots present in the tile: the smallest slot above the last one, found by a
+min-reduction over the tile's slots, until none is left. A tile of decode tokens on many
+adapters visits each of them once, loading that adapter's A or B tile once for all its rows;
+a prefill tile of one sequence visits one; a tile with no adapter at all costs one load of
+its slots. Rows of other slots are masked to zero before each dot (BGMV-like per token, but a
+weight tile serves every row of the tile that uses it). Slots outside [0, S) count as none: a
+kernel cannot raise, and an unchecked slot would read past the adapters.
+
+shrink: program (token tile, K split) walks its K range in BLOCK_K steps; K is split over the
+grid's second axis so that a decode step of a few tokens still spreads over the SMs. With
+splits, each program writes its float32 partial to a workspace, counts itself in with an
+atomic, and the last of the tile sums the partials in a fixed order (deterministic, no
+zero-fill of y, no extra launch) and resets its counter for the next launch.
+
+expand: program (N tile, token tile) holds its rows of y [BLOCK_M, BLOCK_R] and, per slot, a
+[BLOCK_R, BLOCK_N] tile of b (B's rows are R contiguous elements: the tile is one contiguous
+run), accumulates y b^T in float32 and adds it to out in one read-modify-write of its rows
+that have an adapter (rows of slot -1 are neither read nor written).
+
+Not fused into one launch: the expand needs each row's whole y (a sum over all of K), and
+recomputing it per N tile would read x and A again for every one of N / BLOCK_N tiles (296 on
+Qwen2.5-7B's gate_up). What is fused: the split-K reduction into the shrink, the add into out
+into the expand. Half-precision dots take y rounded to the weights' dtype (tensor cores,
+float32 accumulation); FP32 runs float32 dots (ieee), which the interpreter also uses for bf16
+(its bf16 dot is broken).
+"""
+import torch
+import triton.language as tl
+
+from llm_kernels.dispatch import jit_helper, lazy_jit
+
+NONE = tl.constexpr(2147483647)  # past every slot: the loop's end
+
+
+@jit_helper
+def _dot_acc(acc, p, q, FP32: tl.constexpr):
+    """acc + p @ q in float32; p takes q's dtype first (y into the weights' dtype)."""
+    if FP32:
+        return acc + tl.dot(p.to(tl.float32), q.to(tl.float32), input_precision="ieee")
+    return tl.dot(p.to(q.dtype), q, acc)
+
+
+@jit_helper
+def _tile_slots(slots_ptr, rm, T, S):
+    """The tile's slots (int32), -1 for rows past T and for slots outside [0, S)."""
+    sl = tl.load(slots_ptr + rm, mask=rm < T, other=-1).to(tl.int32)
+    return tl.where((sl >= 0) & (sl < S), sl, -1)
+
+
+@jit_helper
+def _next_slot(sl, last):
+    """The smallest slot of the tile above `last`, NONE when there is none."""
+    return tl.min(tl.where(sl > last, sl, NONE), axis=0)
+
+
+@lazy_jit
+def _shrink_kernel(
+    x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
+    T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT: tl.constexpr,
+    FP32: tl.constexpr,
+):
+    """y[t, :R] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile (0 for rows
+    without an adapter); y is [T, BLOCK_R]."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    sl = _tile_slots(slots_ptr, rm, T, S)
+    rr = tl.arange(0, BLOCK_R)
+    rk = tl.arange(0, BLOCK_K)
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_xt + rk[None, :]
+    a_ptrs = a_ptr + rr[None, :] * stride_ar + rk[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+    s = _next_slot(sl, -1)
+    while s < NONE:
+        mine = sl == s  # only this slot's rows of x are read: the others' dot rows stay 0
+        a_s = a_ptrs + s.to(tl.int64) * stride_as
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            kmask = rk < k_end - k0
+            xt = tl.load(x_ptrs + k0, mask=mine[:, None] & kmask[None, :], other=0.0)
+            at = tl.load(a_s + k0, mask=kmask[:, None] & (rr < R)[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
+            acc = _dot_acc(acc, xt, at, FP32)
+        s = _next_slot(sl, s)
+    loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + rr[None, :]
+    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :]
+    ymask = (rm < T)[:, None] & (rr < BLOCK_R)[None, :]
+    if SPLIT:
+        # the partial to the workspace, count in; the last program of the tile sums them all
+        split = tl.num_programs(1)
+        tiles = tl.num_programs(0)
+        P = BLOCK_M * BLOCK_R
+        tl.store(ws_ptr + (pid_k * tiles + pid_m).to(tl.int64) * P + loc, acc)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_m, 1, sem="acq_rel", scope="gpu")
+        if arrived == split - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+            for p in range(0, split):  # a fixed order: deterministic
+                total += tl.load(ws_ptr + (p * tiles + pid_m).to(tl.int64) * P + loc)
+            tl.store(y_ptrs, total, mask=ymask)
+            tl.atomic_xchg(cnt_ptr + pid_m, 0)  # ready for the next launch
+    else:
+        tl.store(y_ptrs, acc, mask=ymask)
+
+
+@lazy_jit
+def _expand_kernel(
+    y_ptr, b_ptr, slots_ptr, out_ptr,
+    T, N, R, S, stride_bs, stride_bn, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr,
+):
+    """out[t, n tile] += y[t] @ b[slots[t]][n tile]^T for the rows of one token tile that have
+    an adapter."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    sl = _tile_slots(slots_ptr, rm, T, S)
+    s = _next_slot(sl, -1)
+    if s == NONE:
+        return  # no row of this tile has an adapter
+    used = sl >= 0
+    rr = tl.arange(0, BLOCK_R)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    y = tl.load(y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :], mask=used[:, None], other=0.0)
+    b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + rr[:, None]
+    bmask = (rr < R)[:, None] & nmask[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    while s < NONE:
+        ys = tl.where((sl == s)[:, None], y, 0.0)
+        bt = tl.load(b_ptrs + s.to(tl.int64) * stride_bs, mask=bmask, other=0.0)  # [BLOCK_R, BLOCK_N]
+        acc = _dot_acc(acc, ys, bt, FP32)
+        s = _next_slot(sl, s)
+    omask = used[:, None] & nmask[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    o = tl.load(o_ptrs, mask=omask, other=0.0)
+    tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
+
+
+# ----------------------------------------------------------------------------
+# launchers
+
+
+def block_r(R: int) -> int:
+    """The rank padded for the dots: a power of two, at least 16 (the smallest MMA side)."""
+    return max(16, 1 << max(0, R - 1).bit_length())
+
+
+def shrink_grid(T: int, K: int, cfg: dict, sms: int) -> tuple[int, int, int]:
+    """(token tiles, K splits, K per split) of one shrink: cfg["split"] splits, or about
+    cfg["waves"] programs an SM, at most one BLOCK_K step a split."""
+    bm, bk = cfg["BM"], cfg["BK"]
+    tiles = -(-T // bm)
+    steps = -(-K // bk)
+    split = cfg.get("split") or -(-cfg.get("waves", 1) * sms // tiles)
+    per = -(-steps // max(1, min(split, steps))) * bk
+    return tiles, -(-K // per), per
+
+
+def launch_shrink(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> torch.Tensor:
+    """y float32 [T, block_r(R)] (zero past R and for rows without an adapter). counters: int32,
+    at least T / BM of them, zero (and left zero)."""
+    T, K = x.shape
+    S, R = a.shape[0], a.shape[1]
+    br = block_r(R)
+    tiles, split, per = shrink_grid(T, K, cfg, sms)
+    y = torch.empty(T, br, dtype=torch.float32, device=x.device)
+    ws = torch.empty(split * tiles * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
+    _shrink_kernel[(tiles, split)](
+        x, a, slots, y, ws, counters, T, K, R, S, per, x.stride(0), a.stride(0), a.stride(1),
+        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SPLIT=split > 1, FP32=fp32,
+        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
+    )
+    return y
+
+
+def launch_expand(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:
+    """out [T, N] += y b[slot]^T on the rows with an adapter; returns out."""
+    T, N = out.shape
+    S, R = b.shape[0], b.shape[2]
+    grid = (-(-N // cfg["BN"]), -(-T // cfg["BM"]))
+    _expand_kernel[grid](
+        y, b, slots, out, T, N, R, S, b.stride(0), b.stride(1), out.stride(0),
+        BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_R=y.shape[1], FP32=fp32,
+        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
+    )
+    return out

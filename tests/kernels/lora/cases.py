@@ -1,0 +1,55 @@
+"""Inputs of the LoRA tests: adapters of mixed ranks (zero-padded to R, as the engine holds
+them), tokens spread over the slots with some on none (-1), and the checks of a result."""
+from __future__ import annotations
+
+import torch
+from tests.kernels.kernel_checks import TOL, rel_err
+
+RANKS = (8, 3, 16, 1, 5)  # per slot; R = 16, the others zero-padded
+R = 16
+
+
+def adapters(K: int, N: int, dtype, gen, ranks=RANKS, R=R):
+    """(a [S, R, K], b [S, N, R]) with slot i of rank ranks[i]: rows of a and columns of b past
+    it zero. b is scaled so that the update is about as large as out (it holds alpha/r)."""
+    S = len(ranks)
+    a = torch.zeros(S, R, K)
+    b = torch.zeros(S, N, R)
+    for i, r in enumerate(ranks):
+        a[i, :r] = torch.randn(r, K, generator=gen) * K ** -0.5
+        b[i, :, :r] = torch.randn(N, r, generator=gen) * r ** -0.5
+    return a.to(dtype), b.to(dtype)
+
+
+def token_slots(T: int, S: int, gen, none_share: float = 0.25) -> torch.Tensor:
+    """int32 [T]: random slots in [0, S), about none_share of them -1; a prefill-like run of one
+    slot in the middle when T is large (tiles of a single slot)."""
+    slots = torch.randint(0, S, (T,), generator=gen)
+    slots[torch.rand(T, generator=gen) < none_share] = -1
+    if T >= 16:
+        slots[T // 4 : T // 4 + T // 2] = 1
+    return slots.to(torch.int32)
+
+
+def inputs(T: int, K: int, N: int, dtype, gen, ranks=RANKS, R=R):
+    """(out, x, a, b, slots) of one case: adapters of `ranks` padded to R."""
+    a, b = adapters(K, N, dtype, gen, ranks, R)
+    x = torch.randn(T, K, generator=gen).to(dtype)
+    out = torch.randn(T, N, generator=gen).to(dtype)
+    return out, x, a, b, token_slots(T, len(ranks), gen)
+
+
+def check_update(got: torch.Tensor, ref: torch.Tensor, before: torch.Tensor, slots: torch.Tensor, dtype,
+                 seed: int, what: str) -> None:
+    """Rows of slot -1 exactly as before; the others' update (got - before) within the dtype's
+    tolerance of the reference's, and the whole output too."""
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, ref.shape, got.dtype, ref.dtype)
+    assert not torch.isnan(got).any(), f"{what}: NaN in output (seed={seed})"
+    none = slots < 0
+    assert torch.equal(got[none], before[none]), f"{what}: rows of slot -1 changed (seed={seed})"
+    used = ~none
+    if used.any():
+        err = rel_err(got[used].float() - before[used].float(), ref[used].float() - before[used].float())
+        assert err < TOL[dtype], f"{what}: update rel err {err:.3g} >= {TOL[dtype]} (seed={seed})"
+    err = rel_err(got, ref)
+    assert err < TOL[dtype], f"{what}: rel err {err:.3g} >= {TOL[dtype]} (seed={seed})"

@@ -1,0 +1,119 @@
+"""The LoRA Triton kernels (shrink, then expand; llm_kernels.lora.kernels) run by the
+interpreter on CPU tensors against the per-token reference: several slots, tokens on none,
+mixed ranks, float32 and bfloat16 (the interpreter's dots run in float32: its bf16 dot is
+broken, so bf16 here proves the loads, masks and roundings and the GPU test the bf16 dot), one
+token and a prefill's 37, K and N off the block sizes, K split or not."""
+import pytest
+import torch
+from tests.kernels.lora.cases import check_update, inputs
+
+from llm_kernels.lora import add_lora, add_lora_reference
+from llm_kernels.lora.configs import shrink_configs, token_bucket
+from llm_kernels.lora.kernels import block_r, shrink_grid
+from llm_kernels.lora.triton_path import add_lora_triton, counters, tuning_slots
+
+K, N = 72, 100  # off every block size of the interpreter's configs (16, 32, 64)
+# (shrink, expand): K split 3 ways (the workspace and its last-arrival sum) with small tiles;
+# no split, wider tiles
+CONFIGS = [({"BM": 16, "BK": 32, "split": 3}, {"BM": 16, "BN": 32}),
+           ({"BM": 32, "BK": 16, "split": 1}, {"BM": 32, "BN": 64})]
+
+
+def reference(out, x, a, b, slots):
+    ref = out.clone()
+    add_lora_reference(ref, x, a, b, slots)
+    return ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 37])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["split3", "nosplit"])
+def test_kernels_match_reference(T, dtype, cfg, rng, poisoned):
+    out, x, a, b, slots = inputs(T, K, N, dtype, rng)
+    ref = reference(out, x, a, b, slots)
+    got = out.clone()
+    with poisoned():  # y and the split workspace start as NaN: every element read was written
+        add_lora_triton(got, x, a, b, slots, *cfg)
+    check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"lora kernels T={T} {cfg[0]}")
+
+
+def test_public_call_runs_the_kernels_under_the_interpreter(rng, monkeypatch):
+    """add_lora on CPU tensors takes the Triton path here (the first configs: no tuning)."""
+    from llm_kernels.lora import apply
+
+    ran = []
+    monkeypatch.setattr(apply, "add_lora_triton", lambda *args: ran.append(1) or add_lora_triton(*args))
+    out, x, a, b, slots = inputs(20, K, N, torch.bfloat16, rng)
+    ref = reference(out, x, a, b, slots)
+    got = out.clone()
+    add_lora(got, x, a, b, slots)
+    assert ran
+    check_update(got, ref, out, slots, torch.bfloat16, rng.initial_seed(), "add_lora interpreted")
+
+
+@pytest.mark.parametrize("ranks", [(12, 7, 1), (20, 3)], ids=["R12", "R20"])
+def test_ranks_off_powers_of_two(ranks, rng):
+    """R = 12 pads to 16 columns of y, R = 20 to 32: the pad is masked in both kernels."""
+    R = max(ranks)
+    out, x, a, b, slots = inputs(23, K, N, torch.float32, rng, ranks=ranks, R=R)
+    assert block_r(R) == (16 if R <= 16 else 32)
+    ref = reference(out, x, a, b, slots)
+    got = out.clone()
+    add_lora_triton(got, x, a, b, slots, *CONFIGS[0])
+    check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"ranks {ranks}")
+
+
+def test_no_adapter_anywhere_and_out_of_range_slots(rng):
+    """All -1: out untouched. Slots outside [0, S) count as none on the kernels (a kernel
+    cannot raise; an unchecked slot would read past the adapters)."""
+    out, x, a, b, slots = inputs(19, K, N, torch.float32, rng)
+    got = out.clone()
+    add_lora_triton(got, x, a, b, torch.full_like(slots, -1), *CONFIGS[0])
+    assert torch.equal(got, out)
+    S = a.shape[0]
+    wild = slots.clone()
+    wild[::3] = S + 2
+    ref = reference(out, x, a, b, torch.where(wild >= S, -1, wild))
+    got = out.clone()
+    add_lora_triton(got, x, a, b, wild.to(torch.int64), *CONFIGS[0])
+    check_update(got, ref, out, torch.where(wild >= S, -1, wild), torch.float32, rng.initial_seed(), "wild slots")
+
+
+def test_split_counters_are_left_at_zero_and_results_repeat(rng):
+    """The last program of a tile resets its arrival counter: a second launch sums the same
+    partials in the same order (bitwise the same result)."""
+    out, x, a, b, slots = inputs(37, K, N, torch.float32, rng)
+    first, second = out.clone(), out.clone()
+    add_lora_triton(first, x, a, b, slots, *CONFIGS[0])
+    assert not counters(x.device, 1).any()
+    add_lora_triton(second, x, a, b, slots, *CONFIGS[0])
+    assert torch.equal(first, second)
+
+
+def test_strided_views(rng):
+    """out a column slice of a wider output (as of a fused qkv projection), x a strided view."""
+    out, x, a, b, slots = inputs(21, K, N, torch.float32, rng)
+    wide = torch.randn(21, N + 30, generator=rng)
+    wide[:, 10 : 10 + N] = out
+    xs = torch.randn(21, 2 * K, generator=rng)
+    xs[:, ::2] = x
+    ref = reference(out, x, a, b, slots)
+    add_lora_triton(wide[:, 10 : 10 + N], xs[:, ::2], a, b, slots, *CONFIGS[1])
+    check_update(wide[:, 10 : 10 + N], ref, out, slots, torch.float32, rng.initial_seed(), "strided out")
+    t_out = out.t().contiguous().t()  # columns strided: computed densely, copied back
+    add_lora_triton(t_out, x, a, b, slots, *CONFIGS[1])
+    check_update(t_out, ref, out, slots, torch.float32, rng.initial_seed(), "column-major out")
+
+
+def test_grid_and_keys():
+    """K splits cover K in whole BLOCK_K steps with none empty; token counts share keys up to a cap."""
+    for K_, cfg, sms, T in [(3584, {"BM": 16, "BK": 64, "waves": 2}, 132, 1), (72, {"BM": 16, "BK": 32, "split": 3}, 4, 37),
+                            (18944, {"BM": 64, "BK": 128, "waves": 1}, 132, 4096), (100, {"BM": 16, "BK": 64, "split": 9}, 4, 5)]:
+        tiles, split, per = shrink_grid(T, K_, cfg, sms)
+        assert tiles == -(-T // cfg["BM"]) and per % cfg["BK"] == 0
+        assert (split - 1) * per < K_ <= split * per
+    assert shrink_grid(1, 3584, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 56  # every step its own program
+    assert [token_bucket(t) for t in (1, 3, 64, 65, 5000)] == [1, 4, 64, 128, 1024]
+    assert shrink_configs(1, torch.float32, torch.device("cpu"))[0]["split"] > 1  # the interpreter splits K
+    assert tuning_slots(10, 3, torch.device("cpu")).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    assert tuning_slots(300, 16, torch.device("cpu"))[[0, 63, 64, 299]].tolist() == [0, 0, 1, 4]
