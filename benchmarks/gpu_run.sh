@@ -9,7 +9,8 @@
 # Steps (each under a time limit; benchmarks/README.md defines the ids):
 #   tests       python3 -m pytest -q -m "not slow" tests/gpu, the default GPU test run
 #   slow-kernels, slow-engine  the long variants (-m slow), kernels' files and the engine's, apart
-#   kernels     K1-K4 (kernel_bench.py), then K5 (quant_formats.py --only K5)
+#   kernels     K1-K4 (kernel_bench.py)
+#   fp8-kernels K5 (quant_formats.py --only K5: the FP8 linear, the W8A16 kernel, W8A8, cuBLAS bf16)
 #   formats     K1-fmt (quant_formats.py --only K1-fmt), then K2-fp8 (kv.py --only K2-fp8)
 #   serve       E1 with --e1-weights awq bf16 (the HF peer, E1-fmt AWQ vs bf16), E3
 #   fp8         E1-fmt FP8 vs bf16 (serve.py --e1-weights fp8 bf16 --skip-peer)
@@ -85,11 +86,12 @@ for step in "${steps[@]}"; do
     case $step in
         tests) run tests 570 "$PY" -m pytest -q -m "not slow" tests/gpu ;;
         slow-kernels) run slow-kernels 570 "$PY" -m pytest -q -m slow tests/gpu/test_w4a16_gpu.py \
-                          tests/gpu/test_gpu_kernels.py tests/gpu/test_quant_formats_gpu.py tests/gpu/test_moe_gpu.py ;;
+                          tests/gpu/test_gpu_kernels.py tests/gpu/test_quant_formats_gpu.py tests/gpu/test_moe_gpu.py \
+                          tests/gpu/test_fp8_w8a16_gpu.py ;;
         slow-engine) run slow-engine 570 "$PY" -m pytest -q -m slow tests/gpu/test_engine_gpu.py \
                          tests/gpu/test_tp_gpu.py ;;
-        kernels) run kernels 420 "$PY" benchmarks/kernel_bench.py --out "$(out kernel_bench)"
-                 run kernels 150 "$PY" benchmarks/quant_formats.py --only K5 --out "$(out quant_formats)" ;;
+        kernels) run kernels 570 "$PY" benchmarks/kernel_bench.py --out "$(out kernel_bench)" ;;
+        fp8-kernels) run fp8-kernels 570 "$PY" benchmarks/quant_formats.py --only K5 --out "$(out quant_formats)" ;;
         formats) run formats 420 "$PY" benchmarks/quant_formats.py --only K1-fmt --out "$(out quant_formats)"
                  run formats 150 "$PY" benchmarks/kv.py --only K2-fp8 --out "$(out kv)" ;;
         serve) run serve 570 "$PY" benchmarks/serve.py --workloads E3 E1 --e1-weights awq bf16 --out "$(out serve)" ;;

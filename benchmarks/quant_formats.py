@@ -1,7 +1,9 @@
 """Weight formats on a CUDA GPU (benchmarks/README.md): K1-fmt, the other 4-bit formats (GPTQ,
 GPTQ act-order, compressed-tensors W4A16) built from their checkpoint tensors the way the engine
-loads them, run by the same W4A16 path as AWQ, beside AWQ itself; and K5, the FP8 W8A8 linear
-(per-token dynamic activations) against bf16 cuBLAS and its bytes floor at M = 1..256. Ratios
+loads them, run by the same W4A16 path as AWQ, beside AWQ itself; and K5, the FP8 linear
+(FP8_DYNAMIC layers: whatever llm_kernels.fp8 selects and tunes), the W8A16 kernel alone and the
+W8A8 path alone (per-token activations, torch._scaled_mm) against bf16 cuBLAS and the bytes
+floor at M = 1..256. Ratios
 as in benchmarks/kernel_bench.py (ceilings measured in this run, CUDA-graph replays cycling
 through input sets to keep L2 cold).
 
@@ -21,7 +23,12 @@ from benchmarks import record  # noqa: E402
 # the formats' own unpacking and the engine's repacking, as the engine loads a checkpoint
 from engine.quant.repacked import apply_parts, int4_parts  # noqa: E402
 from llm_kernels.w4a16.ct_format import ct_int_view  # noqa: E402
-from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, per_token_scales, quantize_fp8  # noqa: E402
+from llm_kernels import fp8  # noqa: E402
+from llm_kernels.dispatch import chosen  # noqa: E402
+from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, per_token_scales, quantize_fp8  # noqa: E402
+from llm_kernels.fp8 import scaled_mm_available  # noqa: E402
+from llm_kernels.fp8 import weight as fp8_weight  # noqa: E402
+from llm_kernels.fp8.configs import shape_key as fp8_shape_key  # noqa: E402
 from llm_kernels.w4a16.gptq_format import gptq_unpack, pack_cols, pack_rows  # noqa: E402
 
 SHAPES = [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]
@@ -87,35 +94,83 @@ def k1_formats(bw, peak, ms):
     return rows
 
 
-def k5(bw, peak, fp8_peak, ms):
-    rows = []
-    for K, N in SHAPES:
-        wbytes = K * N + 4 * N
-        sets = []
-        for _ in range(bk.nsets(wbytes)):
-            w = bk.rand((N, K), torch.float32, 0.05)
-            s = (w.abs().amax(1) / 448).clamp_min(1e-8)
-            sets.append(fp8_prepare((w / s[:, None]).to(FP8), s, torch.bfloat16))
-        dense = [bk.rand((K, N)) for _ in range(bk.nsets(2 * K * N))]
+def _fp8_sets(K, N, count, device, gen):
+    """`count` FP8_DYNAMIC-style layers (e4m3 per channel, activations per token), as the engine holds them."""
+    sets = []
+    for _ in range(count):
+        w = torch.randn(N, K, device=device, generator=gen) * 0.05
+        s = (w.abs().amax(1) / 448).clamp_min(1e-8)
+        sets.append(fp8.prepare((w / s[:, None]).to(FP8), s, torch.bfloat16))
+    return sets
+
+
+def _w8a8(x, p, xq=None, xs=None):
+    """The W8A8 path: x quantized per token (unless given), torch._scaled_mm on the e4m3 weight."""
+    if xq is None:
+        xs = per_token_scales(x.float())
+        xq = quantize_fp8(x.float(), xs)
+    return torch._scaled_mm(xq, p.weight.t(), scale_a=xs, scale_b=p.scale.view(1, -1), out_dtype=torch.bfloat16)
+
+
+def _k5_scaled_mm(x, sets, timer):
+    """Seconds per call of the W8A8 path and of its GEMM alone; (None, None) where the
+    device has no FP8 tensor cores."""
+    if not scaled_mm_available(x.device):
+        return None, None
+    xs = per_token_scales(x.float())
+    xq = quantize_fp8(x.float(), xs)
+    gemm = timer([lambda p=p: _w8a8(x, p, xq, xs) for p in sets])
+    return timer([lambda p=p: _w8a8(x, p) for p in sets]), gemm
+
+
+def k5_row(K, N, M, sets, dense, ceil, timer, gen):
+    """One K5 row: the product's FP8 linear (whatever the selection and the tuner run), the
+    W8A16 kernel alone and the W8A8 path alone against bf16 cuBLAS, each with its error
+    against the float32 math it computes."""
+    bw, peak, fp8_peak = ceil
+    x = torch.randn(M, K, device=sets[0].weight.device, generator=gen).to(torch.bfloat16)
+    p = sets[0]
+    w_deq = dequantize_fp8(p.weight, p.scale)
+    out = fp8.linear(x, p)  # tunes this shape (and the W8A16 kernel's configs) before timing
+    kernel, _ = fp8.plan(x, p)
+    weight_only = x.float() @ w_deq.t()
+    ref = weight_only if kernel == "w8a16" else fp8_qdq_per_token(x.float()) @ w_deq.t()
+    err = rel(out, ref)
+    w8_err = rel(fp8_weight.w8a16_tuned(x, p), weight_only)
+    w8_cfg = chosen(fp8_weight.TUNED_KERNEL, fp8_shape_key(M, N, K, p.layout, x.dtype))
+    ours = timer([lambda p=p: fp8.linear(x, p) for p in sets])
+    w8 = timer([lambda p=p: fp8_weight.w8a16_tuned(x, p) for p in sets])
+    sm, gemm = _k5_scaled_mm(x, sets, timer)
+    peer = timer([lambda w=w: x @ w for w in dense])
+    wbytes = K * N + 4 * N
+    floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / (fp8_peak if kernel == "scaled_mm" else peak))
+    return bk.row("K5", f"fp8 {K}x{N} M={M}", ours, floor, peer, None, 1.3 if M <= 64 else 1.1, kernel=kernel,
+                  rel_err=err, w8a16_us=w8 * 1e6, w8a16_ratio_to_cublas=peer / w8, w8a16_rel_err=w8_err,
+                  w8a16_config=str(w8_cfg), scaled_mm_us=None if sm is None else sm * 1e6,
+                  scaled_mm_ratio_to_cublas=None if sm is None else peer / sm,
+                  scaled_mm_only_us=None if gemm is None else gemm * 1e6,
+                  act_quant_share=None if gemm is None else 1 - gemm / sm,
+                  wrong=not (err < 1e-2 and w8_err < 1e-2))
+
+
+def k5(ceil, ms, shapes=SHAPES, device="cuda", gen=None, timer=None):
+    """K5 over `shapes` (K, N) and token counts `ms`: a row each (k5_row). timer: seconds per
+    call of a list of closures (default: CUDA-graph replays cycling through them)."""
+    rows, timer, gen = [], timer or bk.bench_rot, gen or bk.GEN
+    for K, N in shapes:
+        sets = _fp8_sets(K, N, bk.nsets(K * N + 4 * N) if device == "cuda" else 2, device, gen)
+        dense = [torch.randn(K, N, device=device, generator=gen).to(torch.bfloat16)
+                 for _ in range(bk.nsets(2 * K * N) if device == "cuda" else 2)]
         for M in ms:
-            x = bk.rand((M, K))
-            p = sets[0]
-            ref = x.float() @ (p.weight_t.float() * p.scale)
-            err = ((fp8_linear(x, p).double() - ref.double()).norm() / ref.double().norm()).item()
-            ours = bk.bench_rot([lambda p=p: fp8_linear(x, p) for p in sets])
-            xs = per_token_scales(x.float())
-            xq = quantize_fp8(x.float(), xs)
-            gemm = bk.bench_rot([lambda p=p: torch._scaled_mm(xq, p.weight_t, scale_a=xs, scale_b=p.scale,
-                                                              out_dtype=torch.bfloat16) for p in sets])
-            peer = bk.bench_rot([lambda w=w: x @ w for w in dense])
-            floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / fp8_peak)
-            tp = 1.3 if M <= 64 else 1.1
-            rows.append(bk.row("K5", f"fp8 {K}x{N} M={M}", ours, floor, peer, None, tp, rel_err=err,
-                               scaled_mm_only_us=gemm * 1e6, act_quant_share=1 - gemm / ours,
-                               wrong=not err < 6e-2))  # e4m3 on both operands: a few percent
+            rows.append(k5_row(K, N, M, sets, dense, ceil, timer, gen))
         del sets, dense
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
+
+
+def rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def fp8_ceiling():
@@ -142,7 +197,7 @@ def main():
         rows += k1_formats(bw, peak, [int(m) for m in args.ms.split(",")])
         record.save([{**r, **ceiling} for r in rows], args.out)
     if "K5" in only:
-        rows += k5(bw, peak, fp8_peak, [int(m) for m in args.fp8_ms.split(",")])
+        rows += k5((bw, peak, fp8_peak), [int(m) for m in args.fp8_ms.split(",")])
         record.save([{**r, **ceiling} for r in rows], args.out)
     print(f"\ncopy {bw / 1e9:.0f} GB/s, bf16 {peak / 1e12:.0f} TFLOP/s, fp8 {fp8_peak / 1e12:.0f} TFLOP/s "
           f"({record.device()}); wrote {args.out}")

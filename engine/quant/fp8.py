@@ -1,7 +1,7 @@
 """FP8 checkpoints (quant_method "fp8": vLLM's and transformers' FineGrainedFP8, e.g.
 the official Qwen3 FP8 releases) and the FP8 linear layer that compressed-tensors'
 float-quantized scheme shares: e4m3 weights, activations quantized per token at run
-time (llm_kernels.fp8)."""
+time or kept in 16 bits (llm_kernels.fp8 picks the kernel per step)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +13,9 @@ from torch import nn
 from engine.errors import UnsupportedModelError
 from engine.quant.base import QuantMethod
 from engine.quant.names import listed
-from llm_kernels.dense import dense_linear
-from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_linear, fp8_prepare, fp8_qdq_per_token
+from llm_kernels.fp8 import FP8
+from llm_kernels.fp8 import linear as fp8_linear
+from llm_kernels.fp8 import prepare as fp8_prepare
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ def create_fp8(scheme: FP8Scheme, layer, bias: bool, dtype, device) -> None:
     layer.register_buffer("weight", torch.zeros(n, k, dtype=FP8, device=device))
     layer.register_buffer(scheme.scale_name, scale)
     layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
-    layer.fp8 = None  # llm_kernels.fp8.FP8Prepared, or (the dense weight, the activation group) for blocks
+    layer.fp8 = None  # llm_kernels.fp8.FP8Weight (finalize_fp8)
     layer.dtype = dtype
 
 
@@ -81,39 +82,26 @@ def load_fp8(scheme: FP8Scheme, layer, shard: int, name: str, tensor: torch.Tens
 
 
 def finalize_fp8(scheme: FP8Scheme, layer) -> None:
+    """Hold the layer for its device (llm_kernels.fp8.prepare): on a GPU the e4m3 weight
+    alone, which every kernel reads; on the CPU the dequantized weight alone."""
+    act = None if not scheme.act_dynamic else "group" if scheme.block is not None else "token"
     scale = getattr(layer, scheme.scale_name)
-    if scheme.block is not None:  # shard by shard: each has its own edge blocks
-        bn, rows, ws = scheme.block[0], 0, []
-        for i, size in enumerate(layer.output_sizes):
-            off, nb = layer.shard_offset(i), -(-size // bn)
-            ws.append(dequantize_fp8(layer.weight[off : off + size], scale[rows : rows + nb], scheme.block, layer.dtype))
-            rows += nb
-        layer.fp8 = (torch.cat(ws), scheme.block[1])
-    elif scheme.act_dynamic:
-        layer.fp8 = fp8_prepare(layer.weight, scale, layer.dtype)
-    else:
-        layer.fp8 = (dequantize_fp8(layer.weight, scale, dtype=layer.dtype), None)
-    if not (hasattr(layer.fp8, "weight_t") and layer.fp8.weight_t is not None):
-        layer.weight = torch.empty(0, dtype=FP8, device=scale.device)  # dequantized: the fp8 copy goes
+    layer.fp8 = fp8_prepare(layer.weight, scale, layer.dtype, scheme.block, act, layer.output_sizes)
+    if layer.fp8.weight is None:  # dequantized: the fp8 copy goes
+        layer.weight = torch.empty(0, dtype=FP8, device=scale.device)
 
 
 def apply_fp8(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if not isinstance(layer.fp8, tuple):
-        return fp8_linear(x, layer.fp8, bias)
-    w, group = layer.fp8
-    if group is not None:  # per token and group of the weight block's width
-        lead, K = x.shape[:-1], x.shape[-1]
-        x = fp8_qdq_per_token(x.reshape(-1, K), group).reshape(*lead, K)
-    return dense_linear(x, w, bias)
+    return fp8_linear(x, layer.fp8, bias)
 
 
 @dataclass(frozen=True, slots=True)
 class FP8Method(QuantMethod):
     """quant_method "fp8": block-wise (weight_block_size, weight_scale_inv) or per-tensor
-    weight scales, dynamic activations. Block-wise weights are dequantized at load into
-    the model's dtype (no block-scaled FP8 GEMM here yet: twice the FP8 bytes) and the
-    activations quantized per token and group of the block width, as transformers' and
-    vLLM's kernels do; per-tensor ones run llm_kernels.fp8_linear."""
+    weight scales, dynamic activations (per token and group of the block width for
+    block-wise weights, as transformers' and vLLM's kernels do). On a GPU the e4m3 weight
+    stays as it is: the W8A16 kernel at small token counts, the dequantized weight with
+    cuBLAS (or, per-tensor, torch._scaled_mm) above; on the CPU it is dequantized at load."""
 
     scheme: FP8Scheme
     skip: tuple[str, ...] = ()

@@ -1,12 +1,15 @@
 """GPTQ and compressed-tensors W4A16 layers on the GPU run through the AWQ kernel
 (repacked at load into its K-packed layout) and match the float32 reference built
-straight from the checkpoint's integers; the FP8 W8A8 linear runs torch._scaled_mm
-and matches the same math in float32."""
+straight from the checkpoint's integers; the FP8 linear matches the float32 math of the
+kernel it runs (llm_kernels.fp8: weight-only at small token counts, W8A8 above)."""
 import pytest
 import torch
 
 from engine.quant.repacked import apply_parts, int4_parts
-from llm_kernels.fp8 import FP8, fp8_linear, fp8_prepare, fp8_qdq_per_token, scaled_mm_available
+from llm_kernels.fp8 import FP8, fp8_qdq_per_token, plan
+from llm_kernels.fp8 import linear as fp8_linear
+from llm_kernels.fp8 import prepare as fp8_prepare
+from llm_kernels.fp8.select import CHANNEL
 from llm_kernels.w4a16.ct_format import ct_int_view
 from llm_kernels.w4a16.gptq_format import gptq_unpack, pack_cols, pack_rows
 from llm_kernels.w4a16.select import KPACK
@@ -62,33 +65,38 @@ def test_w4a16_formats_run_the_awq_kernel(fmt, G, K, N):
 
 @pytest.mark.parametrize("K,N", SHAPES)
 @pytest.mark.parametrize("per_tensor", [False, True])
-def test_fp8_linear_scaled_mm_matches_reference(K, N, per_tensor):
-    if not scaled_mm_available("cuda"):
-        pytest.skip("no FP8 tensor cores (compute capability < 8.9)")
+def test_fp8_linear_matches_the_product_of_the_kernel_it_runs(K, N, per_tensor):
+    """FP8_DYNAMIC-style layers through llm_kernels.fp8.linear: the weight-only kernel's product
+    (16-bit activations) where it runs, the W8A8 one (activations quantized per token) where
+    torch._scaled_mm or the dequantized weight does; both near the unquantized product."""
     gen = torch.Generator(device="cuda").manual_seed(K * 3 + N)
     w = torch.randn(N, K, device="cuda", generator=gen) * 0.05
     s = (w.abs().amax() if per_tensor else w.abs().amax(1)) / 448
     wq = (w / (s if per_tensor else s[:, None])).to(FP8)
     p = fp8_prepare(wq, s.reshape(1) if per_tensor else s, torch.bfloat16)
-    assert p.weight_t is not None and p.dense is None, "torch._scaled_mm path not taken"
+    assert p.weight is not None and p.dense is None, "the e4m3 weight is not what the layer holds"
     w_deq = wq.float() * (s if per_tensor else s[:, None])
     bias = torch.randn(N, device="cuda", generator=gen).to(torch.bfloat16)
     for M in MS:
         x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
         out = fp8_linear(x, p, bias)
-        ref = fp8_qdq_per_token(x.float()) @ w_deq.t() + bias.float()
+        kernel = plan(x, p)[0]
+        xr = x.float() if kernel == "w8a16" else fp8_qdq_per_token(x.float())
+        ref = xr @ w_deq.t() + bias.float()
         assert out.dtype == torch.bfloat16
         err = rel_err(out, ref)
-        assert err < 1e-2, f"fp8 {K}x{N} M={M}: rel err {err:.3g} against the same math in float32"
+        assert err < 1e-2, f"fp8 {K}x{N} M={M} ({kernel}): rel err {err:.3g} against the same math in float32"
         assert rel_err(out, x.float() @ w.t() + bias.float()) < 6e-2  # and near the unquantized product
 
 
-def test_fp8_falls_back_to_reference_without_scaled_mm():
+def test_fp8_channel_layout_matches_the_scaled_one():
+    """The layout without torch._scaled_mm (weight-only schemes, odd shapes: W8A16 and the
+    dequantized weight) against the one with it, at a decode and a prefill token count."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(256, 512, device="cuda", generator=gen) * 0.05)
     s = w.abs().amax(1) / 448
-    p = fp8_prepare((w / s[:, None]).to(FP8), s, torch.bfloat16, use_scaled_mm=False)
-    assert p.weight_t is None and p.dense is not None
-    x = torch.randn(7, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    p = fp8_prepare((w / s[:, None]).to(FP8), s, torch.bfloat16, layout=CHANNEL)
     fast = fp8_prepare((w / s[:, None]).to(FP8), s, torch.bfloat16)
-    assert rel_err(fp8_linear(x, p), fp8_linear(x, fast)) < 1e-2
+    for M in (7, 600):
+        x = torch.randn(M, 512, device="cuda", generator=gen).to(torch.bfloat16)
+        assert rel_err(fp8_linear(x, p), fp8_linear(x, fast)) < 1e-2

@@ -1,0 +1,62 @@
+"""The tuner's candidate configs of the W8A16 kernel (llm_kernels.fp8.w8a16) per token
+count, and the stand-ins for the paths beside it. The first candidate of a step is the one
+the interpreter runs, the one taken inside a graph capture before the shape was tuned,
+and the yardstick the others must agree with.
+
+The lists are short on purpose (each candidate costs a compile and a timing per shape at
+start-up) and are a first cut from the kpack kernel's experience on an H200, not yet
+from FP8 timings: `python benchmarks/tools/tuner_picks.py`-style picks should prune them.
+"""
+import torch
+
+from llm_kernels.dispatch import next_pow2
+
+SCALED_MM = {"kind": "scaled_mm"}  # activations quantized per token, torch._scaled_mm (W8A8)
+DENSE = {"kind": "dense"}  # the weight dequantized by a Triton kernel, then cuBLAS
+
+
+def shape_key(M: int, N: int, K: int, layout: str, dtype) -> tuple:
+    """What a choice is tuned for: M up to its next power of two, the layer, the scale layout, the dtype."""
+    return (next_pow2(M), N, K, layout, dtype)
+
+
+def w8a16_config(bm, bn, bk=128, warps=4, stages=4, waves=4, split=None, cvt="native"):
+    """BLOCK_M tokens x BLOCK_N weight rows (swapped: the weight is the MMA's M) x BLOCK_K;
+    K cut into `split` parts, or into enough parts for about `waves` programs per SM; cvt
+    "native" (hardware e4m3 conversion where the GPU has it) or "bits" (bit moves, any GPU)."""
+    c = {"kind": "w8a16", "BM": bm, "BN": bn, "BK": bk, "warps": warps, "stages": stages, "cvt": cvt}
+    if split is not None:
+        c["split"] = split
+    else:
+        c["waves"] = waves
+    return c
+
+
+def w8a16_configs(M: int, dtype, device, block_k: int = 0) -> list:
+    """Candidates for M tokens; block_k: the width of the layer's scale blocks (0: per
+    channel), which BLOCK_K must divide."""
+    if device.type != "cuda":  # the interpreter: every kernel variant, small tiles
+        cands = [w8a16_config(16, 32, 32, split=1), w8a16_config(16, 32, 32, split=3),
+                 w8a16_config(16, 16, 64, waves=2, cvt="bits"), w8a16_config(32, 64, 32, split=2)]
+    elif dtype == torch.float32:  # the correctness path: float32 ieee dots
+        cands = [w8a16_config(16, 32, 32, stages=3, waves=2)]
+    elif M <= 16:
+        # 64 weight rows a warpgroup (wgmma M = 64) with 128-byte rows of K; 128 rows on 8 warps
+        # for the wide layers; the split counts from 2 to 8 programs an SM; the bit-moved
+        # conversion as one candidate (it can beat the hardware's through float16 for bf16)
+        cands = [w8a16_config(16, 64, 128), w8a16_config(16, 64, 128, waves=8), w8a16_config(16, 128, 128, warps=8),
+                 w8a16_config(16, 64, 256, stages=3, waves=2), w8a16_config(16, 64, 128, cvt="bits")]
+    else:
+        bm = min(64, next_pow2(M))
+        cands = [w8a16_config(bm, 64, 128), w8a16_config(bm, 128, 128, warps=8), w8a16_config(bm, 64, 128, waves=8)]
+    if block_k:
+        cands = [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
+    return cands
+
+
+def _largest_divisor(block_k: int) -> int:
+    """The largest power of two up to 128 dividing a scale block's width."""
+    bk = 128
+    while block_k % bk:
+        bk //= 2
+    return bk

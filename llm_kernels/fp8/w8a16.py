@@ -1,0 +1,192 @@
+"""W8A16 GEMM in Triton: e4m3 weights streamed once from the checkpoint's own [N, K]
+layout, converted to the activations' 16-bit type in registers, 16-bit tensor-core dots
+with float32 accumulation, the scales applied to the float32 sums (llm_kernels.fp8.configs
+holds the tuner's candidates).
+
+Decode (M = 1-64 tokens) is bound by the weight's bytes: an e4m3 weight is half of bf16's,
+so a kernel that reads it once and hides the conversion approaches 2x bf16 cuBLAS. The
+techniques are the 4-bit kpack kernel's (llm_kernels.w4a16.kpack):
+
+- Swapped tiles: the kernel computes out^T = W x^T. A tile of BLOCK_N weight rows by
+  BLOCK_K is the dot's first operand (the MMA's M dimension, 64 a Hopper warpgroup: a
+  decode step of 1-16 tokens wastes nothing on padding M to 16 or 64), which Hopper's
+  wgmma takes from registers, where the conversion leaves it; x^T [BLOCK_K, BLOCK_M] is
+  the second, read from shared memory. The weight's rows are K-contiguous, so a tile is
+  BLOCK_N runs of BLOCK_K bytes (whole 128-byte lines at BLOCK_K = 128): the checkpoint's
+  layout needs no repack, and torch._scaled_mm reads the same bytes (as a [K, N] view).
+- Split-K: a 7B layer has 56-600 tiles of 64 rows; each (tile, part of K) is one program,
+  the parts sized so that about `waves` programs per SM stream the weight. Each part
+  writes its float32 partial to a workspace; the last part to arrive (an atomic counter
+  per tile) sums the partials in part order (deterministic) and stores the tile.
+
+Scales: per output channel (per-tensor ones expanded to channels at load) multiply the
+finished float32 sum once; block scales (128 x 128 in the official Qwen3/DeepSeek FP8
+releases) multiply each BLOCK_K part's sum, BLOCK_K dividing the block's width.
+
+The conversion: on sm_89+ the hardware's (tl.float8e4nv). Below sm_89 Triton refuses the
+type itself (its NVIDIA backend lists fp8e4nv among the supported FP8 types only from
+capability 8.9, and building any fp8e4nv value raises), so the bytes are moved into fp16's
+fields instead: sign to bit 15, the 4 exponent and 3 mantissa bits to bits 13-7. That fp16
+is exactly 2^-8 times the e4m3 value (its exponent bias is 15 against e4m3's 7; e4m3's
+subnormals land on fp16 subnormals, equally exact), so the factor 2^8 goes into the final
+scaling, and bf16 activations take the fp16 through float32 (exact: at most 4 significant
+bits). NaN (0x7f, 0xff) does not occur in checkpoints and is not kept.
+
+Under Triton's interpreter (and for float32 activations) the dots run in float32 "ieee":
+the interpreter's bf16 dots are wrong, and float32 is the exact path.
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
+from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
+
+BITS_FACTOR = 256.0  # the bit-moved fp16 is 2^-8 times the e4m3 value
+
+
+@jit_helper
+def _e4m3(b, dtype: tl.constexpr, NATIVE: tl.constexpr):
+    """e4m3 bytes b (uint8) in dtype: exact (NATIVE: the hardware conversion, sm_89+), or
+    exactly 2^-8 times the value (the bits moved into fp16's fields: any GPU)."""
+    if NATIVE:
+        w = b.to(tl.float8e4nv, bitcast=True).to(dtype)
+    else:
+        h = b.to(tl.int32)
+        h = ((h & 0x7F) << 7) | ((h & 0x80) << 8)
+        w = h.to(tl.int16).to(tl.float16, bitcast=True)
+        if dtype != tl.float16:
+            w = w.to(tl.float32).to(dtype)
+    return w
+
+
+@jit_helper
+def _dot(w, x, acc, F32: tl.constexpr):
+    """acc + w x; F32: in float32 with exact products (the interpreter, float32 models)."""
+    if F32:
+        acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, x, acc)
+    return acc
+
+
+@lazy_jit(do_not_specialize=["KPS"])
+def _w8a16_kernel(
+    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, stride_sn, KPS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MT: tl.constexpr, SPLIT: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, NATIVE: tl.constexpr, F32: tl.constexpr,
+    FACTOR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """out[M, N] = x[M, K] @ (W[N, K] * scale)^T. Program (t, p): tile t (column tile
+    t // MT, row tile t % MT: the row tiles of one weight tile are neighbours, the weight
+    stays in L2) over K blocks [p KPS, (p + 1) KPS) of BLOCK_K. SCALE_BK 0: one scale per
+    output row (s_ptr [N]); else block scales s_ptr [N / SCALE_BN, K / SCALE_BK] (row
+    stride stride_sn), SCALE_BK a multiple of BLOCK_K. FACTOR: what the conversion left
+    out (1 or 2^8). SPLIT: the parts of K; above 1 the partials meet in the workspace.
+    HAS_BIAS: bias_ptr [N] is added to the float32 sum before the one rounding."""
+    t = tl.program_id(0)
+    part = tl.program_id(1)
+    pid_n = t // MT
+    pid_m = t - pid_n * MT
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    nmask = rn < N
+    mmask = rm < M
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_xm + rk[:, None]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    kb0 = part * KPS
+    kb1 = tl.minimum(kb0 + KPS, tl.cdiv(K, BLOCK_K))
+    for kb in range(kb0, kb1):
+        k0 = kb * BLOCK_K
+        if EVEN_K:
+            b = tl.load(w_ptrs + k0, mask=nmask[:, None], other=0)
+            x = tl.load(x_ptrs + k0, mask=mmask[None, :], other=0.0)
+        else:
+            kmask = rk + k0 < K
+            b = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0)
+            x = tl.load(x_ptrs + k0, mask=mmask[None, :] & kmask[:, None], other=0.0)
+        w = _e4m3(b, x.dtype, NATIVE)
+        if SCALE_BK == 0:
+            acc = _dot(w, x, acc, F32)
+        else:  # this block's sum times the block's scale, per row
+            sb = tl.load(s_ptr + (rn // SCALE_BN).to(tl.int64) * stride_sn + k0 // SCALE_BK, mask=nmask, other=0.0)
+            acc += _dot(w, x, tl.zeros_like(acc), F32) * sb[:, None]
+    if SCALE_BK == 0:
+        acc *= tl.load(s_ptr + rn, mask=nmask, other=0.0)[:, None] * FACTOR
+    elif FACTOR != 1.0:
+        acc *= FACTOR
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    optrs = out_ptr + rm[None, :].to(tl.int64) * stride_om + rn[:, None]
+    omask = mmask[None, :] & nmask[:, None]
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += bias
+        tl.store(optrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        loc = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        rows = mmask[None, :] & (loc >= 0)  # columns past M are neither written nor read
+        tl.store(ws_ptr + (t * SPLIT + part).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc, mask=rows)
+        tl.debug_barrier()  # every thread's partial is written before the count
+        arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:  # the last part to arrive sums all parts, in part order
+            total = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            for p in tl.static_range(SPLIT):
+                total += tl.load(ws_ptr + (t * SPLIT + p).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, mask=rows,
+                                 other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += bias
+            tl.store(optrs, total.to(out_ptr.dtype.element_ty), mask=omask)
+            tl.atomic_xchg(cnt_ptr + t, 0)  # ready for the next launch
+
+
+def native_conversion(device: torch.device) -> bool:
+    """Whether Triton converts e4m3 in hardware here (CUDA sm_89+); the interpreter does too."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def split_parts(tiles: int, nkb: int, cfg: dict, device) -> tuple[int, int]:
+    """(parts of K, K blocks a part): cfg "split" a fixed count, else about cfg "waves"
+    programs per SM over the tiles; no part empty."""
+    want = cfg.get("split") or -(-cfg.get("waves", 4) * sm_count(device) // tiles)
+    want = max(1, min(int(want), nkb, 16))
+    kps = -(-nkb // want)
+    return -(-nkb // kps), kps
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cfg: dict,
+           bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ (weight [N, K] e4m3 * scale)^T (+ bias [N]) in x's dtype with one config of
+    llm_kernels.fp8.configs. scale: float32 [N] per channel, or with block (bn, bk) float32
+    [cdiv(N, bn), cdiv(K, bk)] (bn 1: a scale row per output row)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+    if block is not None and block[1] % BK:
+        raise ValueError(f"w8a16: BLOCK_K {BK} does not divide the scale block {block}")
+    mt = -(-M // BM)
+    tiles = mt * -(-N // BN)
+    nkb = -(-K // BK)
+    split, kps = split_parts(tiles, nkb, cfg, x.device)
+    ws = workspace(x.device) if split > 1 else None
+    if split > 1 and (ws is None or tiles > WS_TILES or tiles * split * BM * BN > WS_FLOATS):
+        split, kps, ws = 1, nkb, None  # no room for partials (or first met inside a capture): whole tiles
+    if ws is None:  # typed stand-ins, never touched with one part
+        ws = (x.new_empty(1, dtype=torch.float32), x.new_zeros(1, dtype=torch.int32))
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
+    native = cfg.get("cvt", "native") == "native" and native_conversion(x.device)
+    f32 = x.dtype == torch.float32 or not x.is_cuda
+    _w8a16_kernel[(tiles, split)](
+        x, weight.view(torch.uint8), scale, out if bias is None else bias, out, ws[0], ws[1], M, N, K,
+        x.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, MT=mt, SPLIT=split,
+        SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 0, NATIVE=native, F32=f32,
+        FACTOR=1.0 if native else BITS_FACTOR, EVEN_K=K % BK == 0,
+        HAS_BIAS=bias is not None, num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
+    return out

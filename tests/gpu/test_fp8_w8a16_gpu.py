@@ -1,0 +1,84 @@
+"""The FP8 linear on the GPU at Qwen2.5-7B's shapes (qkv, o, gate+up, down) and decode token
+counts 1, 16, 64: every tuner candidate of the W8A16 kernel (the hardware e4m3 conversion and the
+bit moves Ampere runs) against the float32 weight-only product; the layer (whatever the
+selection and the tuner pick) against the float32 product of the kernel it runs, eagerly and
+replayed from a CUDA graph; per-channel and 128x128 block scales; no 16-bit copy of the weight.
+The default run takes a few shapes; `-m slow` all of them."""
+import pytest
+import torch
+
+from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, linear, plan, prepare
+from llm_kernels.fp8 import w8a16
+from llm_kernels.fp8.configs import w8a16_configs
+from llm_kernels.w4a16.workspace import workspace
+from tests.gpu.conftest import cases, check, rel_err
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+QKV, O, GATE_UP, DOWN = (3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)  # (K, N)
+EVERY = [(K, N, M, scales) for (K, N) in (QKV, O, GATE_UP, DOWN) for M in (1, 16, 64)
+         for scales in ("channel", "block")]
+DEFAULT = [(*QKV, 1, "channel"), (*QKV, 16, "block"), (*GATE_UP, 16, "channel"), (*DOWN, 64, "channel"),
+           (*O, 64, "block")]
+
+
+def fp8_layer(K, N, scales, gen):
+    """(e4m3 weight [N, K], its scales as a checkpoint holds them, block or None)."""
+    w = torch.randn(N, K, device="cuda", generator=gen) * 0.05
+    if scales == "channel":
+        s = w.abs().amax(1) / 448
+        return (w / s[:, None]).to(FP8), s, None
+    s = torch.rand(N // 128, K // 128, device="cuda", generator=gen) * 0.002 + 1e-4
+    q = (torch.randn(N, K, device="cuda", generator=gen) * 100).clamp(-448, 448).to(FP8)
+    return q, s, (128, 128)
+
+
+def kernel_reference(kernel, x, w_deq, act, bias):
+    """The float32 product of the kernel: weight-only for w8a16, the activations quantized as the scheme says else."""
+    if kernel != "w8a16":
+        x = fp8_qdq_per_token(x.float()) if act == "token" else fp8_qdq_per_token(x, 128) if act == "group" else x
+    return x.float() @ w_deq.t() + bias.float()
+
+
+@pytest.mark.parametrize("K,N,M,scales", cases(DEFAULT, EVERY))
+def test_fp8_layer_at_qwen25_7b_shapes(K, N, M, scales):
+    gen = torch.Generator(device="cuda").manual_seed(K + N + M)
+    q, s, block = fp8_layer(K, N, scales, gen)
+    w_deq = dequantize_fp8(q, s, block)
+    act = "token" if block is None else "group"
+    workspace(q.device)  # the split-K workspace, allocated once per device, is not the layer's
+    before = torch.cuda.memory_allocated()
+    p = prepare(q, s, torch.bfloat16, block, act)
+    assert p.weight is q and torch.cuda.memory_allocated() - before < N * K // 8, "a copy of the weight"
+    x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+    bias = torch.randn(N, device="cuda", generator=gen).to(torch.bfloat16)
+    ref = x.float() @ w_deq.t() + bias.float()
+    for cfg in w8a16_configs(M, x.dtype, x.device, block[1] if block else 0):
+        check(w8a16.launch(x, p.weight, p.scale, p.block, cfg, bias), ref, torch.bfloat16, f"w8a16 {cfg}")
+    out = linear(x, p, bias)  # tunes this shape
+    kernel, cfg = plan(x, p)
+    check(out, kernel_reference(kernel, x, w_deq, act, bias), torch.bfloat16, f"layer ({kernel} {cfg})")
+    assert rel_err(out, ref) < 6e-2  # near the weight-only product whichever kernel ran
+
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = linear(static_x, p, bias)
+    for _ in range(2):
+        x2 = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+        static_x.copy_(x2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, linear(x2, p, bias)), "the graph's replay differs from the eager call"
+        check(static_out, kernel_reference(kernel, x2, w_deq, act, bias), torch.bfloat16, f"graph ({kernel})")
+
+
+def test_weight_only_kernel_runs_where_the_gpu_has_no_fp8_conversion():
+    """The bit-moved conversion (Ampere's) forced on this GPU: equal to the hardware's."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, s, _ = fp8_layer(*QKV, "channel", gen)
+    x = torch.randn(16, QKV[0], device="cuda", generator=gen).to(torch.bfloat16)
+    cfg = w8a16_configs(16, x.dtype, x.device)[0]
+    native = w8a16.launch(x, q, s, None, cfg)
+    bits = w8a16.launch(x, q, s, None, {**cfg, "cvt": "bits"})
+    assert rel_err(bits, native) < 1e-3
