@@ -313,6 +313,7 @@ IMAGE_ENV = (
                        "the baked default model's folder while it is served, else ~/.cache. Leave it unset."}},
 )
 _WORDS = {"XDG": "XDG", "GPU": "GPU", "KV": "KV", "HF": "HF", "TTL": "TTL", "OPENAI": "OpenAI", "DTYPE": "Dtype", "S": "(s)",
+          "LORA": "LoRA", "LORAS": "LoRAs", "CPU": "CPU",
           "LEN": "length", "NUM": "number of", "MAX": "max", "MIN": "min"}
 
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineError
+from engine.errors import EngineDeadError, EngineError, InvalidInputError
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -149,6 +149,18 @@ class AsyncLLMEngine:
             self._queues.pop(request_id, None)
             if not finished:
                 await self.abort(request_id)
+
+    def load_lora(self, lora_request) -> None:
+        """Read and check an adapter before any request names it (the worker's start: a bad one is
+        found then, not by a request). Blocking (its files are read): call it before requests run.
+        LoRAError naming what is wrong; kept in the host cache while max_cpu_loras leaves room."""
+        manager = self.engine.lora
+        if manager is None:
+            raise InvalidInputError(f"LoRA adapter {lora_request.lora_name!r} given but adapters are not enabled "
+                                    "(enable_lora=True)", field="lora_request")
+        adapter = manager.load(lora_request)
+        if not manager.cached(lora_request) and len(manager.cpu) < manager.max_cpu:
+            manager.put(adapter)
 
     def queued_since(self, request_id: str) -> float | None:
         """Since when the request waits in the engine's queue, first or after a preemption (None: running)."""

@@ -116,14 +116,12 @@ class LLMEngine:
         # adapters' slots before the KV cache is sized, so their memory is counted (None: enable_lora off)
         self.lora = LoRAManager.for_engine(config, self.model, self.runner, self.dtype, self.device)
         speculative = SpeculativeConfig.from_value(config.speculative_config)
-        # draft_model: the drafting model loads before the KV cache is sized, its KV in the same blocks
-        self.drafter = DraftModel.for_engine(speculative, self, budget)
+        self.drafter = DraftModel.for_engine(speculative, self, budget)  # draft_model: its KV in the same blocks
         self.memory: dict = {}
         num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory,
                                                            also=self.drafter.runner if self.drafter else None)
-        self.runner.allocate_kv_cache(num_blocks)
-        if self.drafter is not None:
-            self.drafter.allocate(num_blocks)
+        for runner in [self.runner] + ([self.drafter.runner] if self.drafter else []):
+            runner.allocate_kv_cache(num_blocks)
         if self.device.startswith("cuda"):
             if not config.enforce_eager:
                 mixed = min(config.max_cudagraph_tokens, budget)

@@ -59,12 +59,12 @@ def repo_folder(cache: str, repo_id: str) -> str | None:
     return os.path.join(cache, matches[0]) if matches else None
 
 
-def pick_snapshot(folder: str, revision: str | None, model_name: str) -> tuple[str, str] | None:
+def pick_snapshot(folder: str, revision: str | None, label: str) -> tuple[str, str] | None:
     """(snapshot folder, why) of the repo folder: MODEL_REVISION's (a commit hash, or a branch or
     tag name under refs/) when set, else refs/main's, else the newest snapshot; None when the
     cache lacks it. Resolved by huggingface_hub itself with local files only (its cached file
     listing, when it has one, must show the snapshot complete: else ModelLoadError naming
-    `model_name`)."""
+    `label`, e.g. `MODEL_NAME=org/name`)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import LocalEntryNotFoundError
 
@@ -77,7 +77,7 @@ def pick_snapshot(folder: str, revision: str | None, model_name: str) -> tuple[s
         if type(exc).__name__ == "IncompleteSnapshotError":  # huggingface_hub >= 2.x: its own listing says so
             from engine.errors import ModelLoadError
 
-            raise ModelLoadError(f"MODEL_NAME={model_name}: the cached snapshot "
+            raise ModelLoadError(f"{label}: the cached snapshot "
                                  f"{getattr(exc, 'snapshot_path', folder)} is incomplete: {exc}") from None
         if revision:
             return None
@@ -87,22 +87,33 @@ def pick_snapshot(folder: str, revision: str | None, model_name: str) -> tuple[s
     return (max(found, key=os.path.getmtime), "the newest snapshot") if found else None
 
 
-def find_cached_model(settings: Any) -> CachedModel | None:
-    """MODEL_NAME (a hub id) in the first hub cache that holds it, at MODEL_REVISION's snapshot
-    (or refs/main's, or the newest); None when no cache holds it (the hub download as before)."""
+def is_hub_id(name: str | None) -> bool:
+    """`org/name` that is no local path: what the loader would fetch from the hub."""
     from handler.model_roots import is_local_path
 
-    name = settings.model_name
-    if not name or name.count("/") != 1 or is_local_path(name):  # not a hub id
+    return bool(name) and name.count("/") == 1 and not is_local_path(name)
+
+
+def find_in_hub_caches(settings: Any, repo_id: str, revision: str | None, label: str) -> CachedModel | None:
+    """A hub id in the first hub cache that holds it, at `revision`'s snapshot (or refs/main's, or
+    the newest); None when it is no hub id or no cache holds it (the hub download as before).
+    `label` names it in errors and logs (`MODEL_NAME=org/name`, a LoRA adapter)."""
+    if not is_hub_id(repo_id):
         return None
     for cache in hub_caches(settings):
-        folder = repo_folder(cache, name)
+        folder = repo_folder(cache, repo_id)
         if folder is None:
             continue
-        picked = pick_snapshot(folder, settings.model_revision, name)
+        picked = pick_snapshot(folder, revision, label)
         if picked is None:
-            log.info("MODEL_NAME=%s is cached in %s but not at MODEL_REVISION=%s; looking further", name, folder,
-                     settings.model_revision)
+            log.info("%s is cached in %s but not at revision %s; looking further", label, folder, revision)
             continue
         return CachedModel(folder, picked[0], picked[1])
     return None
+
+
+def find_cached_model(settings: Any) -> CachedModel | None:
+    """MODEL_NAME (a hub id) in the first hub cache that holds it, at MODEL_REVISION's snapshot
+    (or refs/main's, or the newest); None when no cache holds it (the hub download as before)."""
+    name = settings.model_name
+    return find_in_hub_caches(settings, name, settings.model_revision, f"MODEL_NAME={name}")

@@ -28,7 +28,8 @@ ENGINE_FIELDS = {
     "max_cudagraph_tokens": "MAX_CUDAGRAPH_TOKENS", "prefix_cache_ttl_s": "PREFIX_CACHE_TTL_S", "max_logprobs": "MAX_LOGPROBS",
     "allow_special_tokens_in_content": "ALLOW_SPECIAL_TOKENS_IN_CONTENT", "kv_cache_dtype": "KV_CACHE_DTYPE",
     "tokenizer": "TOKENIZER_NAME", "tokenizer_revision": "TOKENIZER_REVISION", "chat_template": "CUSTOM_CHAT_TEMPLATE",
-    "speculative_config": "SPECULATIVE_CONFIG",
+    "speculative_config": "SPECULATIVE_CONFIG", "enable_lora": "ENABLE_LORA", "max_loras": "MAX_LORAS",
+    "max_lora_rank": "MAX_LORA_RANK", "max_cpu_loras": "MAX_CPU_LORAS",
 }
 
 
@@ -60,9 +61,12 @@ def engine_config(settings: Any, model: str, revision_in_path: bool = False):
     MODEL_REVISION's snapshot (raises engine InvalidInputError naming the field)."""
     from engine import EngineConfig
 
+    from handler.lora.modules import lora_enabled
+
     values = {name: getattr(settings, variable.lower()) for name, variable in ENGINE_FIELDS.items()}
     values["model"] = model
     values["speculative_config"] = speculative_config(settings)
+    values["enable_lora"] = lora_enabled(settings)  # unset ENABLE_LORA: on with LORA_MODULES
     values["served_model_name"] = model_name(settings)
     if revision_in_path:
         values["revision"] = None
@@ -78,15 +82,31 @@ def check_engine_settings(settings: Any) -> None:
     """Let the engine judge the settings at start; raises SettingsError naming the variable."""
     from engine.errors import InvalidInputError
 
+    from handler.lora.modules import check_lora_settings
     from handler.settings import SettingsError
     from handler.start_checks import check_chat_template
 
     check_chat_template(settings)
+    check_lora_settings(settings, base_names(settings))
     try:
         engine_config(settings, model_name(settings))
     except InvalidInputError as exc:
         name = ENGINE_FIELDS.get((exc.field or "").split(".")[0], exc.field or "settings")  # speculative_config.x
-        raise SettingsError(name, str(getattr(settings, name.lower(), "")), exc.message) from None
+        message = exc.message
+        if name == "ENABLE_LORA":  # LoRA under tensor parallelism, in the variables' words
+            message = message.replace("tensor_parallel_size=1 or enable_lora=false", "TENSOR_PARALLEL_SIZE=1, or "
+                                      "leave LoRA off (ENABLE_LORA and LORA_MODULES unset)")
+            name = "LORA_MODULES" if settings.enable_lora is None else name  # on because LORA_MODULES names some
+        raw = getattr(settings, name.lower(), "")
+        raw = " ".join(f"{m.name}={m.path}" for m in raw) if name == "LORA_MODULES" else \
+            str(raw).lower() if isinstance(raw, bool) else str(raw)
+        raise SettingsError(name, raw, message) from None
+
+
+def base_names(settings: Any) -> set[str]:
+    """The names a job's `model` picks the base model by: the served name and MODEL_NAME (or the
+    default model's name)."""
+    return {model_label(settings), model_name(settings)}
 
 
 def model_label(settings: Any) -> str:
@@ -262,6 +282,11 @@ def load_failure_exit(settings: Any, exc: Any) -> int:
     why, naming the setting, and return the worker's exit status: 2 for a setting the model
     refuses (as any bad setting), 1 for the load itself."""
     cause = exc.__cause__
+    adapter = (getattr(cause, "details", None) or {}).get("adapter")
+    if adapter is not None:  # an adapter of LORA_MODULES (handler.lora.served): named, with why
+        from handler.lora.served import start_failure_exit
+
+        return start_failure_exit(cause)
     variable = ENGINE_FIELDS.get(getattr(cause, "field", None) or "")
     if variable:  # a setting the model refuses (MAX_MODEL_LEN past its positions)
         message = cause.message.replace("allow_long_max_model_len=True", "ALLOW_LONG_MAX_MODEL_LEN=true")

@@ -38,6 +38,11 @@ class _EngineCollector:
             "worker_prefix_cache_hit_rate": ("Prompt tokens found in the prefix cache / prompt tokens looked up",
                                              s.get("prefix_cache_hit_rate", 0.0)),
         }
+        if "lora_slots_total" in s:  # LoRA adapters on (engine.lora.manager.LoRAManager.stats)
+            gauges["worker_lora_slots_used"] = ("LoRA adapter slots on the device holding an adapter",
+                                                s["lora_slots_used"])
+            gauges["worker_lora_slots_total"] = ("LoRA adapter slots on the device (MAX_LORAS)", s["lora_slots_total"])
+            gauges["worker_lora_adapters_cached"] = ("LoRA adapters loaded in host memory", s["lora_adapters_cached"])
         if "spec_acceptance_rate" in s:  # speculative decoding on
             gauges["worker_spec_acceptance_rate"] = ("Drafted tokens accepted / drafted tokens verified",
                                                      s["spec_acceptance_rate"])
@@ -50,9 +55,11 @@ class _EngineCollector:
             "worker_preemptions": ("Requests preempted (recomputed later) for KV room", "num_preemptions"),
             "worker_spec_draft_tokens": ("Tokens drafted by speculative decoding and verified", "spec_draft_tokens"),
             "worker_spec_accepted_tokens": ("Drafted tokens accepted", "spec_accepted_tokens"),
+            "worker_lora_loads": ("LoRA adapters read from disk", "lora_loads"),
+            "worker_lora_evictions": ("LoRA adapters moved out of a device slot for another", "lora_evictions"),
         }
         for name, (doc, key) in counters.items():
-            if key in s or not key.startswith("spec_"):
+            if key in s or not key.startswith(("spec_", "lora_")):
                 yield CounterMetricFamily(name, doc, value=s.get(key, 0))
 
 
@@ -74,6 +81,9 @@ class Metrics:
         self.in_flight = Gauge("worker_jobs_in_flight", "Jobs running in the handler", registry=r)
         self.load_seconds = Gauge("worker_model_load_seconds", "Time the model load took", registry=r)
         self.concurrency = Gauge("worker_concurrency", "Concurrency the job scaler was given", registry=r)
+        # jobs by LoRA adapter: its labels are LORA_MODULES' names (checked before a job runs), never a client's
+        self.lora_jobs = Counter("worker_lora_jobs", "Jobs finished that ran a LoRA adapter, by adapter",
+                                 ["adapter"], registry=r)
         self.empty_output_retries = Counter("worker_empty_output_retries", "Requests run again with a fresh seed "
                                             "after an empty output (EMPTY_OUTPUT_RETRIES)", registry=r)
         self._stats_fn: Callable[[], dict] | None = None
@@ -83,8 +93,10 @@ class Metrics:
 
     # -- updates ----------------------------------------------------------------------------
     def job_finished(self, status: str, code: str, seconds: float, ttft: float | None, tpot: float | None,
-                     prompt_tokens: int, completion_tokens: int) -> None:
+                     prompt_tokens: int, completion_tokens: int, adapter: str | None = None) -> None:
         self.jobs.labels(status, code).inc()
+        if adapter is not None:
+            self.lora_jobs.labels(adapter).inc()
         self.job_seconds.observe(seconds)
         if ttft is not None:
             self.ttft.observe(ttft)
@@ -139,6 +151,8 @@ class Metrics:
                     out["jobs"][key] = int(s.value)
                 elif s.name == "worker_tokens_total":
                     out["tokens"][s.labels["kind"]] = int(s.value)
+                elif s.name == "worker_lora_jobs_total":
+                    out.setdefault("lora_jobs", {})[s.labels["adapter"]] = int(s.value)
                 elif metric.type == "histogram":
                     h = hist.setdefault(metric.name, {"buckets": []})
                     if s.name.endswith("_bucket"):

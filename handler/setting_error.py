@@ -5,8 +5,11 @@ from __future__ import annotations
 
 
 class SettingsError(ValueError):
-    """A bad environment variable; the message starts with the variable's name."""
+    """A bad environment variable; the message starts with the variable's name. `reason`: a
+    stable code of what is wrong, where a setting has several ways to be wrong worth telling
+    apart (LORA_MODULES: bad_json, missing_path, duplicate_name, ...)."""
 
-    def __init__(self, name: str, raw: str, problem: str):
+    def __init__(self, name: str, raw: str, problem: str, reason: str | None = None):
         super().__init__(f"{name}={raw!r}: {problem}")
         self.name = name
+        self.reason = reason

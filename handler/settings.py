@@ -28,6 +28,8 @@ class Setting:
     choices: tuple = ()
     secret: bool = False
     group: str = "worker"
+    # a str setting's value read further, (variable, raw) -> value, raising SettingsError (LORA_MODULES)
+    convert: Callable[[str, str], Any] | None = None
 
     @property
     def attr(self) -> str:
@@ -38,7 +40,7 @@ class Setting:
         text = raw.strip()
         value: Any
         if self.type == "str":
-            value = text
+            value = text if self.convert is None else self.convert(self.name, text)
         elif self.type == "bool":
             if text.lower() not in _TRUE | _FALSE:
                 raise SettingsError(self.name, raw, "expected a boolean (true/false/1/0)")
@@ -77,6 +79,12 @@ class Setting:
 
 def _s(name, type_, default, description, **kw) -> Setting:
     return Setting(name, type_, default, description, **kw)
+
+
+def _lora_modules(name: str, raw: str):
+    from handler.lora.modules import parse_lora_modules  # light: no engine, no torch
+
+    return parse_lora_modules(name, raw)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -155,6 +163,24 @@ SETTINGS: tuple[Setting, ...] = (
        "\"num_speculative_tokens\": 4}` drafts with a small model of the same tokenizer instead. Off above "
        "`disable_by_batch_size` running requests (default 8). "
        "Unset: only `summarize` jobs speculate (SUMMARIZE_SPECULATION).", group="model"),
+    # LoRA adapters (worker-vllm's and vLLM's names; handler.lora)
+    _s("ENABLE_LORA", "bool", None, "Serve LoRA adapters (LORA_MODULES) beside the base model; unset: on when "
+       "LORA_MODULES names adapters (false with LORA_MODULES set stops the worker at start). Not with "
+       "TENSOR_PARALLEL_SIZE > 1.", group="lora"),
+    _s("LORA_MODULES", "str", None, "The adapters to serve, each a PEFT LoRA folder (adapter_config.json, "
+       "adapter_model.safetensors) or a hub id, found as MODEL_NAME is (a local folder within ALLOWED_MODEL_ROOTS, "
+       "a Hugging Face hub cache: RunPod's cached models, the volume under BASE_PATH; else downloaded with "
+       "HF_TOKEN): a JSON list of `{\"name\": ..., \"path\": ..., \"base_model_name\": ...}` objects, or "
+       "`name=path` entries separated by spaces or commas. Each is loaded and checked against the model at "
+       "start; a job picks one by its name (OpenAI `model`, a native job's `lora` or `model`).",
+       convert=_lora_modules, group="lora"),
+    _s("MAX_LORAS", "int", 1, "Adapters on the GPU at once (slots); a request of another adapter waits for a "
+       "slot to free.", minimum=1, maximum=256, group="lora"),
+    _s("MAX_LORA_RANK", "int", 16, "Largest rank of an adapter (the slots' size); an adapter of a larger rank "
+       "stops the worker at start.", minimum=1, maximum=512, group="lora"),
+    _s("MAX_CPU_LORAS", "int", None, "Loaded adapters kept in host memory (the others are read again from "
+       "disk when a job picks them); unset: MAX_LORAS. At least MAX_LORAS.", minimum=1, maximum=4096,
+       group="lora"),
     _s("FAULT_INJECTION", "json", None, "Testing only, off by default: JSON handed to the engine's fault_injection, "
        "e.g. `{\"oom_at_step\": 3, \"oom_request_id\": \"job-1\"}`.", group="model"),
     # worker

@@ -16,6 +16,7 @@ from handler.job.admission import KVAdmission
 from handler.job.context import JobContext, job_finished
 from handler.job.requests import JobRequests, job_prompt
 from handler.job_input import parse_job_input
+from handler.lora.served import ServedAdapters
 from handler.native.output import generate_items, worker_vllm_items
 from handler.openai.completions_output import models_response, openai_items
 from handler.openai.responses_output import responses_items
@@ -44,8 +45,9 @@ class Worker:
         # SIGTERM's drain: the SDK loop (handler.runpod_loop.scaler) starts and ends it, each job registers
         self.drain = Drain(settings.drain_timeout_s, self._abort_request)
         self.admission = KVAdmission()  # engine requests enter when the KV blocks they may hold fit
-        self.loader = EngineLoader(settings, engine_factory or build_engine, self.metrics, progress=progress,
-                                   on_failure=self._request_refresh)
+        self.adapters = ServedAdapters(settings)  # LORA_MODULES: loaded and checked with the engine
+        self.loader = EngineLoader(settings, self.adapters.wrap(engine_factory or build_engine), self.metrics,
+                                   progress=progress, on_failure=self._request_refresh)
 
     @property
     def engine(self):
@@ -127,7 +129,9 @@ class Worker:
         if spec.timeout_s:
             ctx.deadline = ctx.start + spec.timeout_s
         if spec.route == "/v1/models":
-            yield models_response(model_label(self.settings), self.engine.max_model_len if self.engine else None)
+            base = model_label(self.settings)
+            yield models_response(base, self.engine.max_model_len if self.engine else None,
+                                  self.adapters.model_cards(base))
             return
         if spec.idempotency_key is None:
             async with contextlib.aclosing(self._run(ctx, live)) as items:
@@ -165,6 +169,8 @@ class Worker:
         else:
             self.loader.start_summary()  # loaded at start, before the SDK's event loop ran
         spec = ctx.spec
+        spec.lora_request = self.adapters.request(spec.lora)  # None: the base model
+        model = spec.lora or model_label(self.settings)  # what the OpenAI routes answer as `model`
         # the job's view of the engine records its request ids, for the drain's aborts
         run = JobRequests(ctx, JobEngine(engine, self.drain, live), spec, self.settings, self.admission)
         if spec.route == "summarize":
@@ -173,9 +179,9 @@ class Worker:
             setup_chat(run)  # tool-call and reasoning parsers for this model (may adjust the sampling)
             request = run.prepare(job_prompt(spec), spec.params)
             if spec.route == "/v1/responses":
-                items = responses_items(run, request, ctx.id, model_label(self.settings))
+                items = responses_items(run, request, ctx.id, model)
             elif spec.is_openai:
-                items = openai_items(run, request, ctx.id, model_label(self.settings))
+                items = openai_items(run, request, ctx.id, model)
             elif self.settings.output_format == "worker-vllm":
                 items = worker_vllm_items(run, request, ctx.id)
             else:

@@ -1,7 +1,8 @@
 """worker-vllm's VLLM_EXTRA_ARGS (raw `vllm serve` flags it appends to the command line) as the
 variables the flags are named after: `--max-num-seqs 64` is MAX_NUM_SEQS=64, `--enforce-eager`
-alone ENFORCE_EAGER=true, `--no-enable-prefix-caching` ENABLE_PREFIX_CACHING=false, so each one
-is honoured, mapped, noted or refused as that variable is (handler.worker_vllm_names)."""
+alone ENFORCE_EAGER=true, `--no-enable-prefix-caching` ENABLE_PREFIX_CACHING=false, `--lora-modules
+a=/x b=/y` LORA_MODULES="a=/x b=/y", so each one is honoured, mapped, noted or refused as that
+variable is (handler.worker_vllm_names)."""
 from __future__ import annotations
 
 import shlex
@@ -10,6 +11,8 @@ from handler.setting_error import SettingsError
 from handler.worker_vllm_names import EXTRA_ARGS_RULES, RULES, SHORT_FLAGS
 
 NAME = "VLLM_EXTRA_ARGS"
+# flags that take several words (vLLM's nargs="+"): `--lora-modules a=/x b=/y` is LORA_MODULES="a=/x b=/y"
+MULTI_WORD = {"LORA_MODULES"}
 
 
 def flag_name(flag: str) -> str:
@@ -37,6 +40,9 @@ def parse(raw: str) -> list[tuple[str, str, str]]:
         elif i + 1 < len(words) and not _is_flag(words[i + 1]):
             value = words[i + 1]
             i += 1
+            while flag_name(flag) in MULTI_WORD and i + 1 < len(words) and not _is_flag(words[i + 1]):
+                value += " " + words[i + 1]
+                i += 1
         i += 1
         name = flag_name(flag)
         if value is None and name.startswith("NO_") and _known(name[3:]):

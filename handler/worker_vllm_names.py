@@ -34,11 +34,6 @@ def _not_in(*fine: str) -> Callable[[str, Mapping[str, str]], bool]:
     return lambda value, env: value.strip().lower() not in fine
 
 
-def _json_list(value: str, env: Mapping[str, str]) -> bool:
-    """LORA_MODULES: anything but an empty list names adapters."""
-    return value.strip() not in ("[]", "")
-
-
 def _media_allowed(value: str, env: Mapping[str, str]) -> bool:
     """LIMIT_MM_PER_PROMPT: `{"image": 0, ...}` (or vLLM's older `image=0,video=0`) allows no
     media, as a text-only model here; any other count asks for media inputs."""
@@ -68,12 +63,13 @@ _ENGINE = "a vLLM engine option (tuning, parallelism, memory layout) this engine
 _SERVER = "an option of vllm serve's HTTP server; there is none here (jobs arrive through RunPod)"
 _LOGS = "vLLM's own logging and tracing; this worker logs one line per job (LOG_LEVEL) and has METRICS_PORT"
 _TEXT = "multimodal input tuning; models here are text-only (a non-text content part fails invalid_input)"
-_LORA_KNOB = "a LoRA knob; LoRA itself (ENABLE_LORA, LORA_MODULES) is refused here"
+_LORA_KNOB = ("a vLLM LoRA tuning knob this engine does not have; adapters run as ENABLE_LORA, LORA_MODULES, "
+              "MAX_LORAS, MAX_LORA_RANK and MAX_CPU_LORAS say")
 _GONE = "gone from vLLM (worker-vllm ignores it too)"
 _OLD_SPEC = "worker-vllm no longer reads it either; use SPECULATIVE_CONFIG (`ngram` here)"
 _PLUGIN = "vLLM's Python plugins are not loaded here: unset it"
-_LORA = ("LoRA adapters are not implemented here (the base model would answer for the adapter): unset it and serve "
-         "a model with the adapter merged into its weights (MODEL_NAME)")
+_MM_LORA = ("multimodal LoRA adapters (per modality) are not served here: models here are text-only; unset it "
+            "and name text adapters in LORA_MODULES")
 
 _EXPLICIT: dict[str, Rule] = {
     # worker-vllm's wrapper and build
@@ -122,10 +118,17 @@ _EXPLICIT: dict[str, Rule] = {
                              "this reasoning parser is not implemented here (qwen3, deepseek_r1): set one of "
                              "those, or unset it to get the reasoning inside the content"),
     "ENABLE_AUTO_TOOL_CHOICE": Rule(HONOURED, "its default here is true (worker-vllm's: false)"),
+    # LoRA adapters (handler.lora)
+    "ENABLE_LORA": Rule(HONOURED, "on by itself when LORA_MODULES names adapters; `false` with LORA_MODULES stops "
+                        "the worker at start; not with TENSOR_PARALLEL_SIZE > 1"),
+    "LORA_MODULES": Rule(HONOURED, "worker-vllm's JSON (a list of `{name, path, base_model_name}` objects, or one) "
+                         "or vLLM's `name=path` entries; each adapter is loaded and checked at start, and a job "
+                         "picks it by name (OpenAI `model`, a native job's `lora` or `model`)"),
+    "MAX_LORAS": Rule(HONOURED, "adapters on the GPU at once; a request of another waits for a slot"),
+    "MAX_LORA_RANK": Rule(HONOURED, "an adapter of a larger rank stops the worker at start"),
+    "MAX_CPU_LORAS": Rule(HONOURED, "unset: MAX_LORAS"),
     # features a user relies on that this worker does not have
-    "ENABLE_LORA": Rule(REFUSED, "refused when true", _true, _LORA),
-    "LORA_MODULES": Rule(REFUSED, "refused unless `[]`", _json_list, _LORA),
-    "DEFAULT_MM_LORAS": Rule(REFUSED, _LORA),
+    "DEFAULT_MM_LORAS": Rule(REFUSED, _MM_LORA),
     "LIMIT_MM_PER_PROMPT": Rule(REFUSED, "refused unless every count is 0", _media_allowed,
                                 "models here are text-only (images, audio and video fail invalid_input): unset "
                                 "it, or serve a multimodal model elsewhere"),
@@ -179,9 +182,9 @@ _EXPLICIT: dict[str, Rule] = {
     "PIPELINE_PARALLEL_SIZE": Rule(NOTED, _ENGINE + " (TENSOR_PARALLEL_SIZE splits a model across GPUs)"),
     "DATA_PARALLEL_SIZE": Rule(NOTED, "one engine per worker: RunPod's workers are the replicas"),
     "POOLER_CONFIG": Rule(NOTED, "no pooling models here"),
-    "MAX_LORAS": Rule(NOTED, _LORA_KNOB), "MAX_LORA_RANK": Rule(NOTED, _LORA_KNOB),
-    "LORA_DTYPE": Rule(NOTED, _LORA_KNOB), "MAX_CPU_LORAS": Rule(NOTED, _LORA_KNOB),
-    "FULLY_SHARDED_LORAS": Rule(NOTED, _LORA_KNOB), "LONG_LORA_SCALING_FACTORS": Rule(NOTED, _LORA_KNOB),
+    "LORA_DTYPE": Rule(NOTED, _LORA_KNOB + " (adapters run in the model's dtype)"),
+    "FULLY_SHARDED_LORAS": Rule(NOTED, _LORA_KNOB + " (LoRA runs on one GPU: no tensor parallelism)"),
+    "LONG_LORA_SCALING_FACTORS": Rule(NOTED, _LORA_KNOB),
     "SPECULATIVE_METHOD": Rule(NOTED, _OLD_SPEC), "SPECULATIVE_MODEL": Rule(NOTED, _OLD_SPEC),
     "NUM_SPECULATIVE_TOKENS": Rule(NOTED, _OLD_SPEC), "SPECULATIVE_DRAFT_TENSOR_PARALLEL_SIZE": Rule(NOTED, _OLD_SPEC),
     "SPECULATIVE_MAX_MODEL_LEN": Rule(NOTED, _OLD_SPEC), "SPECULATIVE_DISABLE_BY_BATCH_SIZE": Rule(NOTED, _OLD_SPEC),

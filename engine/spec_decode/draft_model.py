@@ -73,9 +73,6 @@ class DraftModel:
     def spec(self):
         return self.model.spec
 
-    def allocate(self, num_blocks: int) -> None:
-        self.runner.allocate_kv_cache(num_blocks)
-
     @torch.inference_mode()
     def fill(self, seqs: list) -> None:
         """Each sequence's spec_token_ids (placeholders, as many as the scheduler fitted) become

@@ -88,8 +88,9 @@ def job_finished(ctx: JobContext, status: str, error: JobError | None, metrics, 
     code = error.code if error else ("cancelled" if status == "cancelled" else "ok")
     timings = ctx.timings()
     tpot = ctx.tpot
+    adapter = getattr(ctx.spec, "lora", None)  # a LoRA adapter of LORA_MODULES (checked), or None
     metrics.job_finished(status, code, timings["total_s"], ctx.ttft, tpot if status == "completed" else None,
-                         ctx.prompt_tokens, ctx.completion_tokens)
+                         ctx.prompt_tokens, ctx.completion_tokens, adapter=adapter)
     if ctx.empty_output_retries:
         metrics.empty_output_retries.inc(ctx.empty_output_retries)
     if stats:
@@ -100,7 +101,7 @@ def job_finished(ctx: JobContext, status: str, error: JobError | None, metrics, 
         "tpot_s": round(tpot, 5) if tpot is not None else None, "cached_result": ctx.cached,
         "empty_output_retries": ctx.empty_output_retries,
         "route": ctx.spec.route if ctx.spec is not None else None, "jobs_in_flight": in_flight,
-        **ctx.speculation_usage(),
+        **ctx.speculation_usage(), **({"lora": adapter} if adapter else {}),
     }
     if stats:
         record.update({"kv_blocks_free": stats["kv_blocks_free"], "kv_blocks_total": stats["kv_blocks_total"],

@@ -20,6 +20,7 @@ from handler.job.costs import fitting_max_tokens
 from handler.job.limits import json_chars
 from handler.job.sampling import invalid_from_engine
 from handler.job.schema import JobSpec
+from handler.lora.select import lora_job_error
 
 
 OFF_LOOP_SIZE = 8192  # characters (or token ids) of a prompt past which it is processed off the event loop
@@ -92,18 +93,19 @@ class RequestStream:
     request's failure, `done` the end; `wait` reports news, `close` aborts. A slow
     reader gets text coalesced, never queued."""
 
-    def __init__(self, engine, request, request_id: str, priority: int, cache_salt: str | None):
+    def __init__(self, engine, request, request_id: str, priority: int, cache_salt: str | None, lora_request=None):
         self.latest = None
         self.error: BaseException | None = None
         self.done = False
         self._changed = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
-            self._consume(engine, request, request_id, priority, cache_salt))
+            self._consume(engine, request, request_id, priority, cache_salt, lora_request))
 
-    async def _consume(self, engine, request, request_id, priority, cache_salt):
+    async def _consume(self, engine, request, request_id, priority, cache_salt, lora_request):
+        adapter = {} if lora_request is None else {"lora_request": lora_request}  # the base model: as before
         try:
             async for out in engine.generate(request, None, request_id=request_id, priority=priority,
-                                             cache_salt=cache_salt):
+                                             cache_salt=cache_salt, **adapter):
                 self.latest = out
                 self._changed.set()
         except Exception as exc:  # noqa: BLE001 - handed to the job, which reports it
@@ -221,7 +223,8 @@ class JobRequests:
         reached = time.monotonic()  # queued from here: waiting for the KV cache, then in the engine
         release = await self._admit(request)
         ctx.arrival = ctx.arrival or time.monotonic()
-        stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt)
+        stream = RequestStream(engine, request, engine_request_id, self.spec.priority, self.spec.cache_salt,
+                               self.spec.lora_request)
         text, ntok, out = "", 0, None
         tracker, detail = ChoiceTracker(), detailed(request.params)
         try:
@@ -248,7 +251,7 @@ class JobRequests:
                     if new_text or new_tok:
                         yield "delta", (deltas if detail else new_text), new_tok
                 if error is not None:
-                    err = JobError.from_exception(error)
+                    err = lora_job_error(self.spec, error) or JobError.from_exception(error)
                     engine_text = err.details.pop("partial_text", None) or ""
                     raise err.with_partial_text(max(text, engine_text, key=len))
                 if done:

@@ -23,6 +23,7 @@ TOP_LEVEL_KEYS = {
     "route", "method", "body",  # its newer generic proxy form (handler.openai.route_body)
     # ours
     "summarize", "on_truncation", "request_id", "priority", "timeout_s", "cache_salt", "tenant",
+    "model", "lora",  # the model or LoRA adapter to run (handler.lora.select)
 }
 
 MAX_REQUEST_ID_LEN = 256
@@ -77,6 +78,9 @@ class JobSpec:
     # from response_format, guided_json, a forced tool_choice's tools, ...): what its errors name
     renamed: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # ignored inputs, logged with the job id
+    lora: str | None = None  # the LoRA adapter the job runs with (its name); None: the base model
+    lora_field: str | None = None  # the job's field that picks the model or adapter (its errors name it)
+    lora_request: Any = None  # engine.LoRARequest of `lora`, set when the job runs (the adapters loaded)
 
     @property
     def is_openai(self) -> bool:

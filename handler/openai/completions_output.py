@@ -68,12 +68,19 @@ class OpenAIFormatter:
         return text + ("data: [DONE]\n\n" if done else "")
 
 
-def models_response(model: str, max_model_len: int | None = None) -> dict:
-    card = {"id": model, "object": "model", "created": int(time.time()), "owned_by": "runpod-llm-worker",
-            "root": model, "parent": None}
+def models_response(model: str, max_model_len: int | None = None,
+                    adapters: list[tuple[str, str, str]] = ()) -> dict:
+    """/v1/models: the served model, then each LoRA adapter as vLLM lists them, (id, root: its
+    path, parent: its base model)."""
+    created = int(time.time())
+    cards = [{"id": model, "object": "model", "created": created, "owned_by": "runpod-llm-worker",
+              "root": model, "parent": None}]
+    cards += [{"id": name, "object": "model", "created": created, "owned_by": "runpod-llm-worker",
+               "root": root, "parent": parent} for name, root, parent in adapters]
     if max_model_len:
-        card["max_model_len"] = max_model_len
-    return {"object": "list", "data": [card]}
+        for card in cards:
+            card["max_model_len"] = max_model_len
+    return {"object": "list", "data": cards}
 
 
 def sendable(chunks: list[dict]) -> list[dict]:

@@ -19,7 +19,7 @@ from tests.handler.conftest import run, settings_for, text_of
 FIXTURE = Path(__file__).with_name("worker_vllm_env.txt")
 REPO = Path(__file__).resolve().parents[2]
 # the fixture's variables whose value asks for what this worker cannot do
-REFUSED_IN_FIXTURE = {"ENABLE_LORA", "LORA_MODULES", "VLLM_CONFIG_FILE", "TOOL_CALL_PARSER"}
+REFUSED_IN_FIXTURE = {"VLLM_CONFIG_FILE", "TOOL_CALL_PARSER"}
 
 
 def variables() -> dict[str, str]:
@@ -68,25 +68,30 @@ def test_honoured_mapped_and_noted_through_the_start_path():
     assert (s.model_revision, s.openai_response_role, s.max_num_batched_tokens) == ("v2", "bot", None)
     assert s.openai_served_model_name_override == "mine"
     # noted: logged once at start, the worker starts
-    check_engine_settings(load_settings({"ATTENTION_BACKEND": "FLASHINFER", "MAX_LORAS": "1"}))
-    notes = start_notes({"ATTENTION_BACKEND": "FLASHINFER", "MAX_LORAS": "1"}, SETTINGS_BY_NAME)
-    assert [n.split(" ")[0] for n in notes] == ["ATTENTION_BACKEND", "MAX_LORAS"]
+    check_engine_settings(load_settings({"ATTENTION_BACKEND": "FLASHINFER", "LORA_DTYPE": "auto"}))
+    notes = start_notes({"ATTENTION_BACKEND": "FLASHINFER", "LORA_DTYPE": "auto"}, SETTINGS_BY_NAME)
+    assert [n.split(" ")[0] for n in notes] == ["ATTENTION_BACKEND", "LORA_DTYPE"]
+    # LoRA: honoured (handler.lora; tests/handler/lora)
+    s = load_settings({"ENABLE_LORA": "true", "MAX_LORAS": "2", "MAX_LORA_RANK": "32", "MAX_CPU_LORAS": "4",
+                       "LORA_MODULES": '[{"name": "my-adapter", "path": "org/adapter-repo"}]'})
+    assert (s.enable_lora, s.max_loras, s.max_lora_rank, s.max_cpu_loras) == (True, 2, 32, 4)
+    assert [(m.name, m.path, m.lora_int_id) for m in s.lora_modules] == [("my-adapter", "org/adapter-repo", 1)]
+    check_engine_settings(s)
     # values of a refused variable that ask for nothing start as without it
-    for env in ({"ENABLE_LORA": "false"}, {"LORA_MODULES": "[]"}, {"LIMIT_MM_PER_PROMPT": '{"image": 0}'},
+    for env in ({"LIMIT_MM_PER_PROMPT": '{"image": 0}'},
                 {"LIMIT_MM_PER_PROMPT": "image=0,video=0"}, {"RUNNER": "generate"},
                 {"TOOL_CALL_PARSER": "granite", "ENABLE_AUTO_TOOL_CHOICE": "false"}):
         check_engine_settings(load_settings(env))
 
 
 @pytest.mark.parametrize("env, named", [
-    ({"ENABLE_LORA": "true", "LORA_MODULES": '[{"name": "a", "path": "org/a"}]'}, "ENABLE_LORA"),
-    ({"LORA_MODULES": '[{"name": "a", "path": "org/a"}]'}, "LORA_MODULES"),
+    ({"DEFAULT_MM_LORAS": '{"image": "org/a"}'}, "DEFAULT_MM_LORAS"),
     ({"LIMIT_MM_PER_PROMPT": '{"image": 2}'}, "LIMIT_MM_PER_PROMPT"),
     ({"LIMIT_MM_PER_PROMPT": "image=1"}, "LIMIT_MM_PER_PROMPT"),
     ({"REASONING_PARSER": "granite"}, "REASONING_PARSER"),
     ({"TOOL_CALL_PARSER": "pythonic", "ENABLE_AUTO_TOOL_CHOICE": "true"}, "TOOL_CALL_PARSER"),
     ({"OVERRIDE_GENERATION_CONFIG": '{"temperature": 0.2}'}, "OVERRIDE_GENERATION_CONFIG"),
-    ({"VLLM_EXTRA_ARGS": "--max-num-seqs 8 --enable-lora"}, "VLLM_EXTRA_ARGS"),
+    ({"VLLM_EXTRA_ARGS": "--max-num-seqs 8 --enable-prompt-embeds"}, "VLLM_EXTRA_ARGS"),
     ({"VLLM_EXTRA_ARGS": "--limit-mm-per-prompt '{\"image\": 1}'"}, "VLLM_EXTRA_ARGS"),
 ])
 def test_refused_variables_stop_the_start_naming_them(env, named):
@@ -97,9 +102,9 @@ def test_refused_variables_stop_the_start_naming_them(env, named):
 
 def test_a_refused_variable_exits_2_at_start_as_a_bad_setting_does():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
-    for extra, shown in (({"ENABLE_LORA": "true"}, "invalid setting: ENABLE_LORA='true': LoRA"),
-                         ({"VLLM_EXTRA_ARGS": "--lora-modules a=org/a"},
-                          "VLLM_EXTRA_ARGS='--lora-modules a=org/a': --lora-modules (as LORA_MODULES=a=org/a)")):
+    for extra, shown in (({"ENABLE_PROMPT_EMBEDS": "true"}, "invalid setting: ENABLE_PROMPT_EMBEDS='true': prompt"),
+                         ({"VLLM_EXTRA_ARGS": "--enable-prompt-embeds"}, "VLLM_EXTRA_ARGS='--enable-prompt-embeds': "
+                          "--enable-prompt-embeds (as ENABLE_PROMPT_EMBEDS=true)")):
         p = subprocess.run([sys.executable, "-m", "handler", "--test_input", '{"input": {"prompt": "Hi"}}'],
                            env={**env, "PYTHONPATH": str(REPO), **extra}, cwd=REPO, capture_output=True, text=True,
                            timeout=120)
@@ -142,9 +147,10 @@ def test_a_real_start_with_all_but_the_refused_ones(tiny_llama_dir, loop):
 
     env = {k: v for k, v in variables().items() if k not in ("MODEL_NAME", "TOKENIZER_NAME", "TOKENIZER", "HF_TOKEN",
                                                              "BASE_PATH", "QUANTIZATION", "NUM_GPU_BLOCKS_OVERRIDE",
-                                                             "KV_CACHE_DTYPE", "ENABLE_LORA", "LORA_MODULES",
+                                                             "KV_CACHE_DTYPE", "LORA_MODULES",
                                                              "VLLM_CONFIG_FILE")}
-    # the model's own: worker-vllm's example names a hub model, a GPU cache type and an AWQ checkpoint;
+    # the model's own: worker-vllm's example names a hub model, a hub adapter (LORA_MODULES: its own
+    # tests in tests/handler/lora), a GPU cache type and an AWQ checkpoint; ENABLE_LORA with no adapter;
     # TOOL_CALL_PARSER=granite starts because the fixture's ENABLE_AUTO_TOOL_CHOICE is false
     worker = Worker(settings_for(tiny_llama_dir, **env))
     try:
