@@ -5,41 +5,24 @@ the layer's shape once and keeps the faster. docs/kernels.md is this list as a t
 test checks that the two agree."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
 
 import torch
 
-from llm_kernels.dispatch import interpret_mode
+from llm_kernels.selection import CPU, CUDA, HALF, INTERPRETER, Kernel, Step, host_class
+from llm_kernels.selection import candidates as _candidates
 
-# device classes: a CUDA GPU with FP8 tensor cores (sm_89+: torch._scaled_mm), one without
-# (Ampere), CPU tensors under TRITON_INTERPRET=1 (the GPU's kernels, interpreted), the CPU
-CUDA_FP8, CUDA, INTERPRETER, CPU = "cuda-fp8", "cuda", "interpreter", "cpu"
+# device classes: llm_kernels.selection's, and a CUDA GPU with FP8 tensor cores (sm_89+:
+# torch._scaled_mm) apart from one without (CUDA: Ampere)
+CUDA_FP8 = "cuda-fp8"
 # layouts a layer is prepared in (llm_kernels.fp8.weight.prepare): the e4m3 weight [N, K] with
 SCALED = "scaled"  # per-channel (or per-tensor) scales, activations quantized per token, K and N multiples of 16
 CHANNEL = "channel"  # per-channel (or per-tensor) scales otherwise: weight-only schemes, other K or N
 BLOCK = "block"  # block scales (128 x 128 in the official Qwen3 / DeepSeek FP8 releases)
 HOST = "host"  # or the weight dequantized at load alone: the CPU (and blocks too narrow for a dot)
 
-HALF = (torch.bfloat16, torch.float16)
 TRITON_DEVICES = (CUDA_FP8, CUDA, INTERPRETER)
 E4M3_LAYOUTS = (SCALED, CHANNEL, BLOCK)
-
-
-@dataclass(frozen=True)
-class Step:
-    device: str
-    dtype: torch.dtype
-    m: int
-    layout: str
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    what: str
-    can_implement: Callable[[Step], bool]
 
 
 def _scaled_mm_step(s: Step) -> bool:
@@ -72,17 +55,14 @@ KERNELS: tuple[Kernel, ...] = (
 
 def candidates(device: str, dtype: torch.dtype, m: int, layout: str) -> tuple[str, ...]:
     """The kernels that can run this step, in list order."""
-    step = Step(device, dtype, m, layout)
-    names = tuple(k.name for k in KERNELS if k.can_implement(step))
-    assert names, f"no FP8 kernel for {step}"
-    return names
+    return _candidates(KERNELS, Step(device, dtype, m, layout), "FP8")
 
 
 def device_class(x: torch.Tensor) -> str:
     """CUDA_FP8, CUDA, INTERPRETER or CPU for a step's activations."""
     if x.is_cuda:
         return _cuda_class(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    return INTERPRETER if interpret_mode() else CPU
+    return host_class()
 
 
 @lru_cache(maxsize=None)

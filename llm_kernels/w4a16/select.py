@@ -5,39 +5,19 @@ on the layer's shape once and keeps the faster. docs/kernels.md is this list as 
 test checks that the two agree."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
-from llm_kernels.dispatch import interpret_mode
+from llm_kernels.selection import CPU, CUDA, HALF, INTERPRETER, Kernel, Step, host_class
+from llm_kernels.selection import candidates as _candidates
 from llm_kernels.w4a16.cpu import INT4_MAX_ROWS
 
-# device classes: a CUDA GPU, CPU tensors under TRITON_INTERPRET=1 (the GPU's kernels, interpreted), the CPU
-CUDA, INTERPRETER, CPU = "cuda", "interpreter", "cpu"
 # layouts a layer is prepared in (llm_kernels.w4a16.weight.prepare picks one per device and shape)
 KPACK = "kpack"  # K-packed half-words (llm_kernels.w4a16.kpack): K a multiple of 128
 CHECKPOINT = "checkpoint"  # AutoAWQ's own packing (llm_kernels.w4a16.ckpt): any K
 HOST_INT4 = "host+int4"  # CPU: the dequantized weight and torch's int4 pack beside it
 HOST = "host"  # CPU: the dequantized weight alone
 
-HALF = (torch.bfloat16, torch.float16)
 TRITON_DEVICES = (CUDA, INTERPRETER)
-
-
-@dataclass(frozen=True)
-class Step:
-    device: str
-    dtype: torch.dtype
-    m: int
-    layout: str
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    what: str
-    can_implement: Callable[[Step], bool]
 
 
 def _triton_max_m(step: Step, half_max: int) -> int:
@@ -70,14 +50,9 @@ KERNELS: tuple[Kernel, ...] = (
 
 def candidates(device: str, dtype: torch.dtype, m: int, layout: str) -> tuple[str, ...]:
     """The kernels that can run this step, in list order."""
-    step = Step(device, dtype, m, layout)
-    names = tuple(k.name for k in KERNELS if k.can_implement(step))
-    assert names, f"no W4A16 kernel for {step}"
-    return names
+    return _candidates(KERNELS, Step(device, dtype, m, layout), "W4A16")
 
 
 def device_class(x: torch.Tensor) -> str:
     """CUDA, INTERPRETER or CPU for a step's activations."""
-    if x.is_cuda:
-        return CUDA
-    return INTERPRETER if interpret_mode() else CPU
+    return CUDA if x.is_cuda else host_class()

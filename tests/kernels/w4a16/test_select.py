@@ -2,54 +2,20 @@
 middle of its token range and in each of its dtypes, llm_kernels.w4a16.select.candidates
 returns exactly the row's kernels; and the table leaves no step out (every device, dtype,
 layout and token count up to 4096 falls in exactly one row)."""
-import re
-from pathlib import Path
-
 import pytest
-import torch
 
 from llm_kernels.w4a16.select import KERNELS, candidates
+from tests.kernels.selection_table import LAST, check_cover, check_row, read_table
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "kernels.md"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LAST = 4096  # "N+" ranges are checked up to here
-
-
-def table() -> list[dict]:
-    lines = DOC.read_text(encoding="utf-8").splitlines()
-    start = lines.index("| device | activations | tokens | layout | kernels | why |")
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        device, dtypes, tokens, layout, kernels, _ = [c.strip() for c in line.strip("|").split("|")]
-        lo, _, hi = tokens.partition("-")
-        rows.append({"device": device.strip("`"), "layout": layout.strip("`"),
-                     "dtypes": [DTYPES[d.strip()] for d in dtypes.split(",")],
-                     "lo": int(lo.rstrip("+")), "hi": LAST if tokens.endswith("+") else int(hi or lo),
-                     "kernels": tuple(re.findall(r"`(\w+)`", kernels)), "line": line})
-    return rows
+ROWS = read_table("| device | activations | tokens | layout | kernels | why |")
 
 
-ROWS = table()
-
-
-@pytest.mark.parametrize("row", ROWS, ids=[f"{r['device']}-{r['layout']}-{r['lo']}" for r in ROWS])
+@pytest.mark.parametrize("row", ROWS, ids=[f"{r['devices'][0]}-{r['layouts'][0]}-{r['lo']}" for r in ROWS])
 def test_every_row_is_what_the_code_selects(row):
-    for dtype in row["dtypes"]:
-        for m in sorted({row["lo"], (row["lo"] + row["hi"]) // 2, row["hi"]}):
-            assert candidates(row["device"], dtype, m, row["layout"]) == row["kernels"], (m, dtype, row["line"])
+    check_row(row, candidates)
 
 
 def test_the_table_covers_every_step_once():
-    names = {k.name for k in KERNELS}
-    assert {k for r in ROWS for k in r["kernels"]} == names  # no kernel undocumented, none invented
-    for device in ("cuda", "interpreter", "cpu"):
-        for layout in ("kpack", "checkpoint", "host+int4", "host"):
-            if device != "cpu" and layout.startswith("host"):
-                continue  # the host layouts are the CPU's
-            for dtype in DTYPES.values():
-                for m in (1, 2, 16, 17, 64, 65, 256, 257, 512, 513, LAST):
-                    hits = [r for r in ROWS if (r["device"], r["layout"]) == (device, layout)
-                            and dtype in r["dtypes"] and r["lo"] <= m <= r["hi"]]
-                    assert len(hits) == 1, (device, layout, dtype, m, [h["line"] for h in hits])
+    steps = [(d, layout) for d in ("cuda", "interpreter", "cpu") for layout in ("kpack", "checkpoint", "host+int4", "host")
+             if d == "cpu" or not layout.startswith("host")]  # the host layouts are the CPU's
+    check_cover(ROWS, KERNELS, steps, (1, 2, 16, 17, 64, 65, 256, 257, 512, 513, LAST))
