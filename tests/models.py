@@ -181,3 +181,18 @@ def _hf_model(path: str):
     if path not in _HF_CACHE:
         _HF_CACHE[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return _HF_CACHE[path]
+
+
+def copy_edited(src: str, dst, config_file: str, edit_config=None) -> str:
+    """A copy of the folder src at dst, its JSON `config_file` changed in place by edit_config(dict)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    if edit_config:
+        path = os.path.join(dst, config_file)
+        with open(path) as f:
+            config = json.load(f)
+        edit_config(config)
+        with open(path, "w") as f:
+            json.dump(config, f)
+    return str(dst)

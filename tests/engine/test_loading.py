@@ -2,7 +2,6 @@
 safetensors, and clear errors (before any weight is read) for what we do not run."""
 import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -10,18 +9,14 @@ import torch
 from engine import LLM, SamplingParams
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.model.loader import read_model_spec
+from tests import models
 
 PROMPT = {"prompt_token_ids": [5, 17, 33, 120, 64, 9, 250]}
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
 
 def _copy(src, dst, edit_config=None, drop_weights=False):
-    shutil.copytree(src, dst)
-    if edit_config:
-        path = os.path.join(dst, "config.json")
-        cfg = json.load(open(path))
-        edit_config(cfg)
-        json.dump(cfg, open(path, "w"))
+    models.copy_edited(src, dst, "config.json", edit_config)
     if drop_weights:
         for f in os.listdir(dst):
             if f.endswith(".safetensors"):
@@ -48,8 +43,6 @@ def test_transformers4_style_rope_config_gives_same_model(tiny_llama_dir, tmp_pa
 
 
 def test_linear_rope_scaling_matches_transformers(tiny_llama_dir, tmp_path):
-    from tests import models
-
     path = models.make_checkpoint(str(tmp_path / "linear"), "llama", seed=9,
                                   rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})
     ours = LLM(path, num_kv_blocks=64).generate([PROMPT], SamplingParams(max_tokens=10, temperature=0))[0]

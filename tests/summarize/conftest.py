@@ -21,6 +21,20 @@ def local_env(monkeypatch, tiny_llama_dir, tmp_path):
     return tmp_path
 
 
+def fake_api(fake_cls, model_dir):
+    """A fake of RunPod's API (tests/fakes) whose jobs run on a worker of the tiny model."""
+    from handler.worker import Worker
+    from tests.handler.conftest import settings_for
+
+    return fake_cls(lambda **env: Worker(settings_for(model_dir, **{**ENV, **env})))
+
+
+def point_client_at(api, monkeypatch) -> None:
+    """The summarize client's RunPod key and base URL: the fake's."""
+    monkeypatch.setenv("RUNPOD_API_KEY", api.api_key)
+    monkeypatch.setenv("RUNPOD_ENDPOINT_BASE_URL", api.base_url)
+
+
 @pytest.fixture
 def terminal_sigint():
     """Ctrl-C as a terminal delivers it: SIGINT raises KeyboardInterrupt (asyncio.run then cancels

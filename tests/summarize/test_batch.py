@@ -19,23 +19,20 @@ from summarize.batch_state import state_path
 from summarize.store import ResultStore
 from tests.fakes import runpod_batch_api as fake_batch
 from tests.fakes.runpod_batch_api import FakeBatchAPI
-from tests.handler.conftest import settings_for
+from tests.summarize.conftest import fake_api, point_client_at
 from tests.summarize.notes import (
-    ENV, EXPECTED, KOREAN, SENTENCES, by_doc, check_line, make_notes, read_lines, summarize)
+    EXPECTED, KOREAN, SENTENCES, by_doc, check_line, make_notes, read_lines, summarize)
 
 
 @pytest.fixture(scope="module")
 def batch_api(tiny_llama_dir):
-    from handler.worker import Worker
-
-    with FakeBatchAPI(lambda **env: Worker(settings_for(tiny_llama_dir, **{**ENV, **env}))) as api:
+    with fake_api(FakeBatchAPI, tiny_llama_dir) as api:
         yield api
 
 
 @pytest.fixture
 def batch_env(local_env, batch_api, monkeypatch):
-    monkeypatch.setenv("RUNPOD_API_KEY", batch_api.api_key)
-    monkeypatch.setenv("RUNPOD_ENDPOINT_BASE_URL", batch_api.base_url)
+    point_client_at(batch_api, monkeypatch)
     monkeypatch.setattr(batch_runner, "POLL_S", (0.02, 0.1))
     monkeypatch.setattr(batch_runner, "RETRY_COLLECT_S", 0.05)
     yield local_env

@@ -12,22 +12,19 @@ import pytest
 import runpod  # imported first, as in a user's program: the base URL is read when the command runs
 
 from tests.fakes.runpod_rest_api import FakeRestAPI
-from tests.handler.conftest import settings_for
-from tests.summarize.notes import ENV, EXPECTED, KOREAN, by_doc, check_line, make_notes, read_lines, summarize
+from tests.summarize.conftest import fake_api, point_client_at
+from tests.summarize.notes import EXPECTED, KOREAN, by_doc, check_line, make_notes, read_lines, summarize
 
 
 @pytest.fixture(scope="module")
 def rest_api(tiny_llama_dir):
-    from handler.worker import Worker
-
-    with FakeRestAPI(lambda **env: Worker(settings_for(tiny_llama_dir, **{**ENV, **env}))) as api:
+    with fake_api(FakeRestAPI, tiny_llama_dir) as api:
         yield api
 
 
 @pytest.fixture
 def endpoint_env(local_env, rest_api, monkeypatch):
-    monkeypatch.setenv("RUNPOD_API_KEY", rest_api.api_key)
-    monkeypatch.setenv("RUNPOD_ENDPOINT_BASE_URL", rest_api.base_url)
+    point_client_at(rest_api, monkeypatch)
     return local_env
 
 

@@ -1,25 +1,18 @@
 """Bad adapters fail the requests that name them with a coded error (invalid_input, a reason,
 the adapter's name) before anything is queued; the engine and other requests go on."""
 import asyncio
-import json
 import os
-import shutil
 
 import pytest
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, AsyncLLMEngine, EngineConfig, LoRARequest, SamplingParams
 from engine.errors import InvalidInputError, LoRAError
-from tests import lora_adapters
+from tests import lora_adapters, models
 
 
 def _copy(src, dst, edit_config=None, edit_tensors=None):
-    shutil.copytree(src, dst)
-    if edit_config:
-        path = os.path.join(dst, "adapter_config.json")
-        config = json.load(open(path))
-        edit_config(config)
-        json.dump(config, open(path, "w"))
+    models.copy_edited(src, dst, "adapter_config.json", edit_config)
     if edit_tensors:
         path = os.path.join(dst, "adapter_model.safetensors")
         save_file(edit_tensors(load_file(path)), path)
@@ -59,8 +52,6 @@ def _cases(adapters, tmp_path, other_base_adapter):
 @pytest.fixture(scope="module")
 def other_base_adapter(ckpt_dir, tmp_path_factory):
     """An adapter of another base (hidden 128): its pairs do not fit the tiny Llama's linears."""
-    from tests import models
-
     other = models.make_checkpoint(str(ckpt_dir / "llama128"), "llama", seed=5, hidden_size=128,
                                    intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
     return lora_adapters.make_adapter(other, str(tmp_path_factory.mktemp("other") / "a"), seed=3, r=4)
