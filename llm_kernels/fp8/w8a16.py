@@ -104,7 +104,7 @@ def _dot(w, x, acc, F32: tl.constexpr):
 
 
 @lazy_jit(do_not_specialize=["KPS"])
-def _w8a16_kernel(
+def w8a16_kernel(
     x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, stride_sn, KPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MT: tl.constexpr, SPLIT: tl.constexpr,
@@ -184,24 +184,34 @@ def native_conversion(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def asm_pack(device: torch.device) -> int:
-    """Bytes an e4m3_asm call takes: 2 on Hopper and later, 4 below. From the compiled loops
-    (nvdisasm, BLOCK 64 x 128): packing four bytes of the wgmma operand layout into a word
-    cost Triton 7 byte permutes a word on sm_90 (0.216 issued warp instructions a weight byte
-    against 0.164 with two), while on sm_80 the mma.sync layout packs four for free (0.144
-    against 0.207)."""
-    return 2 if torch.cuda.get_device_capability(device) >= (9, 0) else 4
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of device; None for the interpreter (CPU tensors)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def conversion(cfg: dict, x: torch.Tensor) -> int:
-    """The conversion a config asks for, where it can run: "native" falls back to the bit moves
-    below sm_89, "asm" (PTX) to them under the interpreter and for float32."""
+def constexprs(cfg: dict, dtype, cap: tuple[int, int] | None, block, mt: int, split: int, even_k: bool,
+               bias: bool) -> dict:
+    """The kernel's compile-time arguments for one config, activations of dtype, on a GPU of
+    compute capability cap (None: the interpreter). The conversion a config asks for where it
+    can run: "native" takes the bit moves below sm_89 (Triton refuses fp8e4nv there), "asm"
+    (PTX) them under the interpreter and for float32. The PTX takes 2 bytes a call on Hopper
+    and later, 4 below: from the compiled loops (nvdisasm, BLOCK 64 x 128), packing four bytes
+    of the wgmma operand layout into a word cost Triton 7 byte permutes a word on sm_90 (0.216
+    issued warp instructions a weight byte against 0.164 with two), while on sm_80 the mma.sync
+    layout packs four for free (0.144 against 0.207)."""
     want = cfg.get("cvt", "native")
-    if want == "asm":
-        return ASM if x.is_cuda and x.dtype != torch.float32 else BITS
-    if want == "native" and native_conversion(x.device):
-        return NATIVE
-    return BITS
+    if want == "asm" and cap is not None and dtype != torch.float32:
+        cvt = ASM
+    elif want == "native" and (cap is None or cap >= (8, 9)):
+        cvt = NATIVE
+    else:
+        cvt = BITS
+    pack = (2 if cap >= (9, 0) else 4) if cvt == ASM else 0
+    factor = BITS_FACTOR if cvt == BITS or (cvt == ASM and dtype == torch.float16) else 1.0
+    return dict(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_K=cfg["BK"], MT=mt, SPLIT=split,
+                SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 0, CVT=cvt,
+                ASM_CODE=e4m3_asm(dtype, pack) if cvt == ASM else "", ASM_PACK=pack,
+                F32=dtype == torch.float32 or cap is None, FACTOR=factor, EVEN_K=even_k, HAS_BIAS=bias)
 
 
 def split_parts(tiles: int, nkb: int, cfg: dict, device) -> tuple[int, int]:
@@ -233,14 +243,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
     if ws is None:  # typed stand-ins, never touched with one part
         ws = (x.new_empty(1, dtype=torch.float32), x.new_zeros(1, dtype=torch.int32))
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
-    cvt, f32 = conversion(cfg, x), x.dtype == torch.float32 or not x.is_cuda
-    factor = BITS_FACTOR if cvt == BITS or (cvt == ASM and x.dtype == torch.float16) else 1.0
-    pack = asm_pack(x.device) if cvt == ASM else 0
-    _w8a16_kernel[(tiles, split)](
+    const = constexprs(cfg, x.dtype, capability(x.device), block, mt, split, K % BK == 0, bias is not None)
+    w8a16_kernel[(tiles, split)](
         x, weight.view(torch.uint8), scale, out if bias is None else bias, out, ws[0], ws[1], M, N, K,
-        x.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, MT=mt, SPLIT=split,
-        SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 0, CVT=cvt,
-        ASM_CODE=e4m3_asm(x.dtype, pack) if cvt == ASM else "", ASM_PACK=pack, F32=f32, FACTOR=factor, EVEN_K=K % BK == 0,
-        HAS_BIAS=bias is not None, num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
+        x.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps, **const,
+        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
     return out
