@@ -8,12 +8,13 @@ so a kernel that reads it once and hides the conversion approaches 2x bf16 cuBLA
 techniques are the 4-bit kpack kernel's (llm_kernels.w4a16.kpack):
 
 - Swapped tiles: the kernel computes out^T = W x^T. A tile of BLOCK_N weight rows by
-  BLOCK_K is the dot's first operand (the MMA's M dimension, 64 a Hopper warpgroup: a
-  decode step of 1-16 tokens wastes nothing on padding M to 16 or 64), which Hopper's
-  wgmma takes from registers, where the conversion leaves it; x^T [BLOCK_K, BLOCK_M] is
-  the second, read from shared memory. The weight's rows are K-contiguous, so a tile is
-  BLOCK_N runs of BLOCK_K bytes (whole 128-byte lines at BLOCK_K = 128): the checkpoint's
-  layout needs no repack, and torch._scaled_mm reads the same bytes (as a [K, N] view).
+  BLOCK_K is the dot's first operand (the MMA's M dimension: 64 rows a Hopper warpgroup,
+  all of them weight rows), which Hopper's wgmma takes from registers, where the conversion
+  leaves it; x^T [BLOCK_K, BLOCK_M] is the second (the MMA's N, as narrow as 16 tokens),
+  read from shared memory. Unswapped, a decode step's 1-16 tokens would be padded to M = 64.
+  The weight's rows are K-contiguous, so a tile is BLOCK_N runs of BLOCK_K bytes (whole
+  128-byte lines at BLOCK_K = 128): the checkpoint's layout needs no repack, and
+  torch._scaled_mm reads the same bytes (as a [K, N] view).
 - Split-K: a 7B layer has 56-600 tiles of 64 rows; each (tile, part of K) is one program,
   the parts sized so that about `waves` programs per SM stream the weight. Each part
   writes its float32 partial to a workspace; the last part to arrive (an atomic counter
@@ -23,14 +24,16 @@ Scales: per output channel (per-tensor ones expanded to channels at load) multip
 finished float32 sum once; block scales (128 x 128 in the official Qwen3/DeepSeek FP8
 releases) multiply each BLOCK_K part's sum, BLOCK_K dividing the block's width.
 
-The conversion: on sm_89+ the hardware's (tl.float8e4nv). Below sm_89 Triton refuses the
-type itself (its NVIDIA backend lists fp8e4nv among the supported FP8 types only from
-capability 8.9, and building any fp8e4nv value raises), so the bytes are moved into fp16's
-fields instead: sign to bit 15, the 4 exponent and 3 mantissa bits to bits 13-7. That fp16
-is exactly 2^-8 times the e4m3 value (its exponent bias is 15 against e4m3's 7; e4m3's
-subnormals land on fp16 subnormals, equally exact), so the factor 2^8 goes into the final
-scaling, and bf16 activations take the fp16 through float32 (exact: at most 4 significant
-bits). NaN (0x7f, 0xff) does not occur in checkpoints and is not kept.
+The conversion (a config's "cvt"): the hardware's on sm_89+ (tl.float8e4nv); or the bytes'
+bits moved into a 16-bit float's fields, by Triton integer ops (sign to bit 15, the 4
+exponent and 3 mantissa bits to bits 13-7 of an fp16: exactly 2^-8 times the e4m3 value,
+its exponent bias being 15 against e4m3's 7, e4m3's subnormals landing on fp16 subnormals;
+bf16 activations take it through float32, exact at 4 significant bits) or by packed PTX
+(e4m3_asm). Below sm_89 Triton refuses the fp8e4nv type itself (its NVIDIA backend lists it
+among the supported FP8 types only from capability 8.9; building the kernel for sm_86
+raises "type fp8e4nv not supported in this architecture"), so there "native" configs take
+the integer ops: the kernel runs on Ampere (sm_80/86), with mma.sync. The factor 2^8 goes
+into the final scaling. NaN (0x7f, 0xff) does not occur in checkpoints and is not kept.
 
 Under Triton's interpreter (and for float32 activations) the dots run in float32 "ieee":
 the interpreter's bf16 dots are wrong, and float32 is the exact path.
