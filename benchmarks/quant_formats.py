@@ -24,7 +24,7 @@ from benchmarks import record  # noqa: E402
 from engine.quant.repacked import apply_parts, int4_parts  # noqa: E402
 from llm_kernels.w4a16.ct_format import ct_int_view  # noqa: E402
 from llm_kernels import fp8  # noqa: E402
-from llm_kernels.dispatch import chosen  # noqa: E402
+from llm_kernels.dispatch import TIMINGS, chosen  # noqa: E402
 from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, per_token_scales, quantize_fp8  # noqa: E402
 from llm_kernels.fp8 import scaled_mm_available  # noqa: E402
 from llm_kernels.fp8 import weight as fp8_weight  # noqa: E402
@@ -137,7 +137,10 @@ def k5_row(K, N, M, sets, dense, ceil, timer, gen):
     ref = weight_only if kernel == "w8a16" else fp8_qdq_per_token(x.float()) @ w_deq.t()
     err = rel(out, ref)
     w8_err = rel(fp8_weight.w8a16_tuned(x, p), weight_only)
-    w8_cfg = chosen(fp8_weight.TUNED_KERNEL, fp8_shape_key(M, N, K, p.layout, x.dtype))
+    key = fp8_shape_key(M, N, K, p.layout, x.dtype)
+    w8_cfg = chosen(fp8_weight.TUNED_KERNEL, key)
+    timed = {name: [[str(c), t * 1e6] for c, t in TIMINGS.get((name,) + key, [])]
+             for name in (fp8_weight.TUNED_KERNEL, fp8_weight.TUNED_PATH)}
     ours = timer([lambda p=p: fp8.linear(x, p) for p in sets])
     w8 = timer([lambda p=p: fp8_weight.w8a16_tuned(x, p) for p in sets])
     sm, gemm = _k5_scaled_mm(x, sets, timer)
@@ -146,7 +149,8 @@ def k5_row(K, N, M, sets, dense, ceil, timer, gen):
     floor = max((wbytes + 2 * M * (K + N)) / bw, 2 * M * K * N / (fp8_peak if kernel == "scaled_mm" else peak))
     return bk.row("K5", f"fp8 {K}x{N} M={M}", ours, floor, peer, None, 1.3 if M <= 64 else 1.1, kernel=kernel,
                   rel_err=err, w8a16_us=w8 * 1e6, w8a16_ratio_to_cublas=peer / w8, w8a16_rel_err=w8_err,
-                  w8a16_config=str(w8_cfg), scaled_mm_us=None if sm is None else sm * 1e6,
+                  w8a16_config=str(w8_cfg), w8a16_candidates_us=timed[fp8_weight.TUNED_KERNEL],
+                  path_candidates_us=timed[fp8_weight.TUNED_PATH], scaled_mm_us=None if sm is None else sm * 1e6,
                   scaled_mm_ratio_to_cublas=None if sm is None else peer / sm,
                   scaled_mm_only_us=None if gemm is None else gemm * 1e6,
                   act_quant_share=None if gemm is None else 1 - gemm / sm,

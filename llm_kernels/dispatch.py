@@ -87,12 +87,18 @@ class LazyKernel:
         self.jit_kwargs = jit_kwargs
         self._built = {}
 
-    def __getitem__(self, grid):
-        mode = interpret_mode()
+    def built(self, mode: bool):
+        """The kernel built in `mode` (True: interpreted), its module's helpers installed in that
+        mode (a launch does this; llm_kernels.fp8.aot compiles the compiled-mode one for a target)."""
         _install_helpers(self.fn.__module__, self.fn.__globals__, mode)
         kernel = self._built.get(mode)
         if kernel is None:
             kernel = self._built[mode] = _build(self.fn, mode, **self.jit_kwargs)
+        return kernel
+
+    def __getitem__(self, grid):
+        mode = interpret_mode()
+        kernel = self.built(mode)
         if mode:
             return _interpreted_launcher(kernel[grid])
         return kernel[grid]

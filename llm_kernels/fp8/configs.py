@@ -4,8 +4,9 @@ the interpreter runs, the one taken inside a graph capture before the shape was 
 and the yardstick the others must agree with.
 
 The lists are short on purpose (each candidate costs a compile and a timing per shape at
-start-up) and are a first cut from the kpack kernel's experience on an H200, not yet
-from FP8 timings: `python benchmarks/tools/tuner_picks.py`-style picks should prune them.
+start-up) and are a first cut from instruction counts of the compiled loops and the kpack
+kernel's experience on an H200, not yet from FP8 timings: K5's `w8a16_config` column (the
+tuner's picks on Qwen2.5-7B's layers) should prune them.
 """
 import torch
 
@@ -23,7 +24,8 @@ def shape_key(M: int, N: int, K: int, layout: str, dtype) -> tuple:
 def w8a16_config(bm, bn, bk=128, warps=4, stages=4, waves=4, split=None, cvt="native"):
     """BLOCK_M tokens x BLOCK_N weight rows (swapped: the weight is the MMA's M) x BLOCK_K;
     K cut into `split` parts, or into enough parts for about `waves` programs per SM; cvt
-    "native" (hardware e4m3 conversion where the GPU has it) or "bits" (bit moves, any GPU)."""
+    "native" (the hardware's e4m3 conversion where the GPU has it, Triton's bit moves below
+    sm_89), "asm" (packed PTX bit moves, llm_kernels.fp8.w8a16.e4m3_asm) or "bits"."""
     c = {"kind": "w8a16", "BM": bm, "BN": bn, "BK": bk, "warps": warps, "stages": stages, "cvt": cvt}
     if split is not None:
         c["split"] = split
@@ -34,21 +36,27 @@ def w8a16_config(bm, bn, bk=128, warps=4, stages=4, waves=4, split=None, cvt="na
 
 def w8a16_configs(M: int, dtype, device, block_k: int = 0) -> list:
     """Candidates for M tokens; block_k: the width of the layer's scale blocks (0: per
-    channel), which BLOCK_K must divide."""
+    channel), which BLOCK_K must divide.
+
+    Why these (from the compiled loops, nvdisasm, sm_90, per weight byte; an SM issues 4 warp
+    instructions a clock and an H200 step must take about 21 bytes a clock an SM): the
+    hardware conversion costs 0.094 issued instructions a byte for fp16 but 0.141 for bf16,
+    64 of them quarter-rate f16 -> bf16 conversions (at most about 77% of the bandwidth by that
+    count); the PTX bit moves cost 0.164 at BLOCK_K 128 and 0.140 at 256, all full-rate. So
+    both conversions, 64 weight rows a warpgroup (wgmma M = 64) or 128 on 8 warps, K blocks of
+    128 or 256 bytes, and 4 or 8 programs an SM."""
     if device.type != "cuda":  # the interpreter: every kernel variant, small tiles
         cands = [w8a16_config(16, 32, 32, split=1), w8a16_config(16, 32, 32, split=3),
-                 w8a16_config(16, 16, 64, waves=2, cvt="bits"), w8a16_config(32, 64, 32, split=2)]
+                 w8a16_config(16, 16, 64, waves=2, cvt="bits"), w8a16_config(32, 64, 32, split=2, cvt="asm")]
     elif dtype == torch.float32:  # the correctness path: float32 ieee dots
         cands = [w8a16_config(16, 32, 32, stages=3, waves=2)]
-    elif M <= 16:
-        # 64 weight rows a warpgroup (wgmma M = 64) with 128-byte rows of K; 128 rows on 8 warps
-        # for the wide layers; the split counts from 2 to 8 programs an SM; the bit-moved
-        # conversion as one candidate (it can beat the hardware's through float16 for bf16)
-        cands = [w8a16_config(16, 64, 128), w8a16_config(16, 64, 128, waves=8), w8a16_config(16, 128, 128, warps=8),
-                 w8a16_config(16, 64, 256, stages=3, waves=2), w8a16_config(16, 64, 128, cvt="bits")]
     else:
-        bm = min(64, next_pow2(M))
-        cands = [w8a16_config(bm, 64, 128), w8a16_config(bm, 128, 128, warps=8), w8a16_config(bm, 64, 128, waves=8)]
+        bm = 16 if M <= 16 else min(64, next_pow2(M))
+        cands = [w8a16_config(bm, 64, 128), w8a16_config(bm, 64, 256, stages=3, cvt="asm"),
+                 w8a16_config(bm, 64, 128, waves=8, cvt="asm"), w8a16_config(bm, 128, 128, warps=8),
+                 w8a16_config(bm, 128, 256, warps=8, stages=3, cvt="asm")]
+        if M <= 16:
+            cands.append(w8a16_config(bm, 64, 256, stages=3, waves=8))
     if block_k:
         cands = [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
     return cands

@@ -8,12 +8,13 @@ so a kernel that reads it once and hides the conversion approaches 2x bf16 cuBLA
 techniques are the 4-bit kpack kernel's (llm_kernels.w4a16.kpack):
 
 - Swapped tiles: the kernel computes out^T = W x^T. A tile of BLOCK_N weight rows by
-  BLOCK_K is the dot's first operand (the MMA's M dimension, 64 a Hopper warpgroup: a
-  decode step of 1-16 tokens wastes nothing on padding M to 16 or 64), which Hopper's
-  wgmma takes from registers, where the conversion leaves it; x^T [BLOCK_K, BLOCK_M] is
-  the second, read from shared memory. The weight's rows are K-contiguous, so a tile is
-  BLOCK_N runs of BLOCK_K bytes (whole 128-byte lines at BLOCK_K = 128): the checkpoint's
-  layout needs no repack, and torch._scaled_mm reads the same bytes (as a [K, N] view).
+  BLOCK_K is the dot's first operand (the MMA's M dimension: 64 rows a Hopper warpgroup,
+  all of them weight rows), which Hopper's wgmma takes from registers, where the conversion
+  leaves it; x^T [BLOCK_K, BLOCK_M] is the second (the MMA's N, as narrow as 16 tokens),
+  read from shared memory. Unswapped, a decode step's 1-16 tokens would be padded to M = 64.
+  The weight's rows are K-contiguous, so a tile is BLOCK_N runs of BLOCK_K bytes (whole
+  128-byte lines at BLOCK_K = 128): the checkpoint's layout needs no repack, and
+  torch._scaled_mm reads the same bytes (as a [K, N] view).
 - Split-K: a 7B layer has 56-600 tiles of 64 rows; each (tile, part of K) is one program,
   the parts sized so that about `waves` programs per SM stream the weight. Each part
   writes its float32 partial to a workspace; the last part to arrive (an atomic counter
@@ -23,14 +24,16 @@ Scales: per output channel (per-tensor ones expanded to channels at load) multip
 finished float32 sum once; block scales (128 x 128 in the official Qwen3/DeepSeek FP8
 releases) multiply each BLOCK_K part's sum, BLOCK_K dividing the block's width.
 
-The conversion: on sm_89+ the hardware's (tl.float8e4nv). Below sm_89 Triton refuses the
-type itself (its NVIDIA backend lists fp8e4nv among the supported FP8 types only from
-capability 8.9, and building any fp8e4nv value raises), so the bytes are moved into fp16's
-fields instead: sign to bit 15, the 4 exponent and 3 mantissa bits to bits 13-7. That fp16
-is exactly 2^-8 times the e4m3 value (its exponent bias is 15 against e4m3's 7; e4m3's
-subnormals land on fp16 subnormals, equally exact), so the factor 2^8 goes into the final
-scaling, and bf16 activations take the fp16 through float32 (exact: at most 4 significant
-bits). NaN (0x7f, 0xff) does not occur in checkpoints and is not kept.
+The conversion (a config's "cvt"): the hardware's on sm_89+ (tl.float8e4nv); or the bytes'
+bits moved into a 16-bit float's fields, by Triton integer ops (sign to bit 15, the 4
+exponent and 3 mantissa bits to bits 13-7 of an fp16: exactly 2^-8 times the e4m3 value,
+its exponent bias being 15 against e4m3's 7, e4m3's subnormals landing on fp16 subnormals;
+bf16 activations take it through float32, exact at 4 significant bits) or by packed PTX
+(e4m3_asm). Below sm_89 Triton refuses the fp8e4nv type itself (its NVIDIA backend lists it
+among the supported FP8 types only from capability 8.9; building the kernel for sm_86
+raises "type fp8e4nv not supported in this architecture"), so there "native" configs take
+the integer ops: the kernel runs on Ampere (sm_80/86), with mma.sync. The factor 2^8 goes
+into the final scaling. NaN (0x7f, 0xff) does not occur in checkpoints and is not kept.
 
 Under Triton's interpreter (and for float32 activations) the dots run in float32 "ieee":
 the interpreter's bf16 dots are wrong, and float32 is the exact path.
@@ -44,20 +47,52 @@ from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 BITS_FACTOR = 256.0  # the bit-moved fp16 is 2^-8 times the e4m3 value
+NATIVE, BITS, ASM = 0, 1, 2  # the conversions: the hardware's, Triton integer ops, packed PTX
+
+
+def e4m3_asm(dtype, pack: int = 2) -> str:
+    """PTX turning `pack` (2 or 4) e4m3 bytes (the last operand: a 16- or 32-bit register) into
+    16-bit floats, two per 32-bit register ($0: bytes 0-1, $1: bytes 2-3), with no conversion
+    instruction: by the CUDA guide's throughput table an SM issues 16 conversions a clock
+    against 64 integer ops, and the hardware path to bf16 takes three conversions per pair
+    (e4m3x2 -> f16x2, then f16 -> bf16 twice), which by that count cannot keep pace with a
+    decode step's bytes on an H200 (the tuner decides). prmt puts byte 2i into bits 8-15 and
+    byte 2i+1 into bits 24-31; exponent and mantissa bits (0x7F00 of each half) shift right
+    into place, 4 for bf16 (8 exponent bits), 1 for fp16 (5), and the sign (0x8000) stays.
+    fp16 is then exactly 2^-8 times the value (the caller's FACTOR); bf16 2^-120 times it, a
+    bf16 subnormal for the smallest values, so one packed FMA by 2^120 (exact, subnormal
+    inputs honoured) makes it exact."""
+    bf16 = dtype == torch.bfloat16
+    src = "q" if pack == 2 else f"${pack // 2}"
+    code = "{ .reg .b32 a, t, q, k, z; mov.b32 k, 0x7B807B80; mov.b32 z, 0x80008000; "
+    if pack == 2:
+        code += "cvt.u32.u16 q, $1; "
+    for o, sel in enumerate(("0x1404", "0x3424")[: pack // 2]):
+        code += (f"prmt.b32 a, {src}, 0, {sel}; and.b32 t, a, 0x7F007F00; shr.b32 t, t, {4 if bf16 else 1}; "
+                 f"lop3.b32 ${o}, t, a, 0x80008000, 0xF8; ")
+        if bf16:
+            code += f"fma.rn.bf16x2 ${o}, ${o}, k, z; "
+    return code + "}"
 
 
 @jit_helper
-def _e4m3(b, dtype: tl.constexpr, NATIVE: tl.constexpr):
-    """e4m3 bytes b (uint8) in dtype: exact (NATIVE: the hardware conversion, sm_89+), or
-    exactly 2^-8 times the value (the bits moved into fp16's fields: any GPU)."""
-    if NATIVE:
-        w = b.to(tl.float8e4nv, bitcast=True).to(dtype)
+def _e4m3(b, like, CVT: tl.constexpr, ASM_CODE: tl.constexpr, ASM_PACK: tl.constexpr):
+    """e4m3 bytes b (uint8) in like's dtype: CVT NATIVE the hardware's conversion (sm_89+),
+    exact; BITS Triton integer ops moving the bits into fp16's fields, exactly 2^-8 times the
+    value; ASM the packed PTX of e4m3_asm (exact for bf16, 2^-8 times for fp16), on ASM_PACK bytes a call."""
+    if CVT == 0:
+        w = b.to(tl.float8e4nv, bitcast=True).to(like.dtype)
+    elif CVT == 2:
+        if ASM_PACK == 2:
+            w = tl.inline_asm_elementwise(ASM_CODE, "=r,h", [b], dtype=like.dtype, is_pure=True, pack=2)
+        else:
+            w = tl.inline_asm_elementwise(ASM_CODE, "=r,=r,r", [b], dtype=like.dtype, is_pure=True, pack=4)
     else:
         h = b.to(tl.int32)
         h = ((h & 0x7F) << 7) | ((h & 0x80) << 8)
         w = h.to(tl.int16).to(tl.float16, bitcast=True)
-        if dtype != tl.float16:
-            w = w.to(tl.float32).to(dtype)
+        if like.dtype != tl.float16:
+            w = w.to(tl.float32).to(like.dtype)
     return w
 
 
@@ -72,11 +107,12 @@ def _dot(w, x, acc, F32: tl.constexpr):
 
 
 @lazy_jit(do_not_specialize=["KPS"])
-def _w8a16_kernel(
+def w8a16_kernel(
     x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, stride_sn, KPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MT: tl.constexpr, SPLIT: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, NATIVE: tl.constexpr, F32: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, CVT: tl.constexpr, ASM_CODE: tl.constexpr, ASM_PACK: tl.constexpr,
+    F32: tl.constexpr,
     FACTOR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ (W[N, K] * scale)^T. Program (t, p): tile t (column tile
@@ -84,7 +120,7 @@ def _w8a16_kernel(
     stays in L2) over K blocks [p KPS, (p + 1) KPS) of BLOCK_K. SCALE_BK 0: one scale per
     output row (s_ptr [N]); else block scales s_ptr [N / SCALE_BN, K / SCALE_BK] (row
     stride stride_sn), SCALE_BK a multiple of BLOCK_K. FACTOR: what the conversion left
-    out (1 or 2^8). SPLIT: the parts of K; above 1 the partials meet in the workspace.
+    out (1 or 2^8). CVT, ASM_CODE: the conversion (_e4m3). SPLIT: the parts of K; above 1 the partials meet in the workspace.
     HAS_BIAS: bias_ptr [N] is added to the float32 sum before the one rounding."""
     t = tl.program_id(0)
     part = tl.program_id(1)
@@ -109,7 +145,7 @@ def _w8a16_kernel(
             kmask = rk + k0 < K
             b = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0)
             x = tl.load(x_ptrs + k0, mask=mmask[None, :] & kmask[:, None], other=0.0)
-        w = _e4m3(b, x.dtype, NATIVE)
+        w = _e4m3(b, x, CVT, ASM_CODE, ASM_PACK)
         if SCALE_BK == 0:
             acc = _dot(w, x, acc, F32)
         else:  # this block's sum times the block's scale, per row
@@ -151,6 +187,36 @@ def native_conversion(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of device; None for the interpreter (CPU tensors)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def constexprs(cfg: dict, dtype, cap: tuple[int, int] | None, block, mt: int, split: int, even_k: bool,
+               bias: bool) -> dict:
+    """The kernel's compile-time arguments for one config, activations of dtype, on a GPU of
+    compute capability cap (None: the interpreter). The conversion a config asks for where it
+    can run: "native" takes the bit moves below sm_89 (Triton refuses fp8e4nv there), "asm"
+    (PTX) them under the interpreter and for float32. The PTX takes 2 bytes a call on Hopper
+    and later, 4 below: from the compiled loops (nvdisasm, BLOCK 64 x 128), packing four bytes
+    of the wgmma operand layout into a word cost Triton 7 byte permutes a word on sm_90 (0.216
+    issued warp instructions a weight byte against 0.164 with two), while on sm_80 the mma.sync
+    layout packs four for free (0.144 against 0.207)."""
+    want = cfg.get("cvt", "native")
+    if want == "asm" and cap is not None and dtype != torch.float32:
+        cvt = ASM
+    elif want == "native" and (cap is None or cap >= (8, 9)):
+        cvt = NATIVE
+    else:
+        cvt = BITS
+    pack = (2 if cap >= (9, 0) else 4) if cvt == ASM else 0
+    factor = BITS_FACTOR if cvt == BITS or (cvt == ASM and dtype == torch.float16) else 1.0
+    return dict(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_K=cfg["BK"], MT=mt, SPLIT=split,
+                SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 0, CVT=cvt,
+                ASM_CODE=e4m3_asm(dtype, pack) if cvt == ASM else "", ASM_PACK=pack,
+                F32=dtype == torch.float32 or cap is None, FACTOR=factor, EVEN_K=even_k, HAS_BIAS=bias)
+
+
 def split_parts(tiles: int, nkb: int, cfg: dict, device) -> tuple[int, int]:
     """(parts of K, K blocks a part): cfg "split" a fixed count, else about cfg "waves"
     programs per SM over the tiles; no part empty."""
@@ -180,13 +246,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
     if ws is None:  # typed stand-ins, never touched with one part
         ws = (x.new_empty(1, dtype=torch.float32), x.new_zeros(1, dtype=torch.int32))
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
-    native = cfg.get("cvt", "native") == "native" and native_conversion(x.device)
-    f32 = x.dtype == torch.float32 or not x.is_cuda
-    _w8a16_kernel[(tiles, split)](
+    const = constexprs(cfg, x.dtype, capability(x.device), block, mt, split, K % BK == 0, bias is not None)
+    w8a16_kernel[(tiles, split)](
         x, weight.view(torch.uint8), scale, out if bias is None else bias, out, ws[0], ws[1], M, N, K,
-        x.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, MT=mt, SPLIT=split,
-        SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 0, NATIVE=native, F32=f32,
-        FACTOR=1.0 if native else BITS_FACTOR, EVEN_K=K % BK == 0,
-        HAS_BIAS=bias is not None, num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
+        x.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps, **const,
+        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
     return out

@@ -1,0 +1,44 @@
+"""The W8A16 kernel compiles for the GPUs it is meant for, on this machine without one
+(llm_kernels.fp8.aot: Triton's compiler and its ptxas): the hardware e4m3 conversion and the
+PTX bit moves to wgmma on Hopper (sm_90), the bit moves to mma.sync on Ampere (sm_80), where
+Triton refuses the hardware conversion's type; a few configs (each compile takes about a
+second); benchmarks-free checks of what the GPU run then measures."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_kernels.fp8.aot import compile_w8a16
+from llm_kernels.fp8.configs import w8a16_config
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def compiled_mode(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+@pytest.mark.parametrize("arch,cvt,mma", [(90, "native", "wgmma"), (90, "asm", "wgmma"), (80, "native", "mma.sync"),
+                                          (80, "asm", "mma.sync")])
+def test_the_kernel_compiles_for_hopper_and_ampere(arch, cvt, mma):
+    cfg = w8a16_config(16, 64, 128, cvt=cvt)
+    k = compile_w8a16(arch, torch.bfloat16, cfg, block=(128, 128) if cvt == "asm" else None)
+    ptx = k.asm["ptx"]
+    assert mma in ptx and "cp.async" in ptx  # tensor cores, and the weight tiles pipelined
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == (arch >= 89 and cvt == "native")
+    assert k.metadata.shared <= 227 * 1024
+
+
+def test_the_hardware_conversion_is_refused_below_sm89():
+    """In a fresh process: after an interpreted launch in this one, Triton reports the same
+    refusal as another error."""
+    code = ("import torch; from llm_kernels.fp8 import w8a16; from llm_kernels.fp8.aot import compile_w8a16; "
+            "from llm_kernels.fp8.configs import w8a16_config; "
+            "compile_w8a16(86, torch.float16, w8a16_config(16, 64, 128), forced_cvt=w8a16.NATIVE)")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "fp8e4nv not supported in this architecture" in run.stderr, run.stderr[-2000:]
