@@ -30,6 +30,15 @@ def _bm(T: int, cap: int) -> int:
     return max(16, min(cap, next_pow2(max(1, T))))
 
 
+def _unique(configs: list[dict]) -> list[dict]:
+    """The configs in order, each once (a small T makes some tiles alike)."""
+    out = []
+    for cfg in configs:
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def shrink_configs(T: int, dtype, device) -> list[dict]:
     """Candidates of the shrink for T tokens."""
     if device.type != "cuda":  # the interpreter: small tiles, K split 3 ways (the workspace path)
@@ -38,12 +47,14 @@ def shrink_configs(T: int, dtype, device) -> list[dict]:
         return [{"BM": 16, "BK": 32, "waves": 2, "warps": 4, "stages": 2}]
     bm = _bm(T, 64)
     if T <= 256:
-        # decode: one or few tiles, K split until about 2-4 programs an SM read A and x in parallel
-        return [{"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
-                {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3},
-                {"BM": bm, "BK": 64, "waves": 4, "warps": 4, "stages": 3},
-                {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3}]
-    # prefill: many token tiles already fill the machine, few or no splits
+        # decode: few token tiles, K split until the programs fill the SMs. A tile of 16 rows
+        # takes up to 32 splits (the partials its last program sums at once), one of 64 up to 8;
+        # smaller tiles read an adapter's A once per tile (from L2 after the first)
+        return _unique([{"BM": 16, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
+                        {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3},
+                        {"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
+                        {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3}])
+    # prefill: the token tiles alone fill the machine, few or no splits
     return [{"BM": 64, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
             {"BM": 128, "BK": 64, "waves": 1, "warps": 8, "stages": 3},
             {"BM": 64, "BK": 128, "waves": 1, "warps": 4, "stages": 3}]
@@ -57,10 +68,11 @@ def expand_configs(T: int, dtype, device) -> list[dict]:
         return [{"BM": 16, "BN": 64, "warps": 4, "stages": 2}]
     bm = _bm(T, 64)
     if T <= 256:
-        return [{"BM": bm, "BN": 128, "warps": 4, "stages": 2},
-                {"BM": bm, "BN": 64, "warps": 4, "stages": 2},
-                {"BM": bm, "BN": 256, "warps": 8, "stages": 2},
-                {"BM": 16, "BN": 128, "warps": 4, "stages": 2}]
+        # each token tile reads every adapter it holds: fewer, taller tiles read B fewer times
+        return _unique([{"BM": bm, "BN": 128, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 64, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 256, "warps": 8, "stages": 2},
+                        {"BM": _bm(T, 128), "BN": 128, "warps": 8, "stages": 2}])
     return [{"BM": 64, "BN": 128, "warps": 4, "stages": 2},
             {"BM": 128, "BN": 128, "warps": 8, "stages": 2},
             {"BM": 64, "BN": 256, "warps": 8, "stages": 2}]

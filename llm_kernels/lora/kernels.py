@@ -15,8 +15,10 @@ kernel cannot raise, and an unchecked slot would read past the adapters.
 shrink: program (token tile, K split) walks its K range in BLOCK_K steps; K is split over the
 grid's second axis so that a decode step of a few tokens still spreads over the SMs. With
 splits, each program writes its float32 partial to a workspace, counts itself in with an
-atomic, and the last of the tile sums the partials in a fixed order (deterministic, no
-zero-fill of y, no extra launch) and resets its counter for the next launch.
+atomic, and the last of the tile loads all the tile's partials in one go (at most
+REDUCE_FLOATS: a loop of one load at a time would wait out the L2's latency per split) and
+sums them in a fixed tree (deterministic, no zero-fill of y, no extra launch), then resets its
+counter for the next launch.
 
 expand: program (N tile, token tile) holds its rows of y [BLOCK_M, BLOCK_R] and, per slot, a
 [BLOCK_R, BLOCK_N] tile of b (B's rows are R contiguous elements: the tile is one contiguous
@@ -33,9 +35,10 @@ float32 accumulation); FP32 runs float32 dots (ieee), which the interpreter also
 import torch
 import triton.language as tl
 
-from llm_kernels.dispatch import jit_helper, lazy_jit
+from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2
 
 NONE = tl.constexpr(2147483647)  # past every slot: the loop's end
+REDUCE_FLOATS = 8192  # a shrink tile's split partials, loaded at once by its last program (64 registers a thread at 4 warps)
 
 
 @jit_helper
@@ -63,7 +66,7 @@ def _next_slot(sl, last):
 def _shrink_kernel(
     x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
     T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr,
     FP32: tl.constexpr,
 ):
     """y[t, :R] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile (0 for rows
@@ -89,25 +92,25 @@ def _shrink_kernel(
             at = tl.load(a_s + k0, mask=kmask[:, None] & (rr < R)[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             acc = _dot_acc(acc, xt, at, FP32)
         s = _next_slot(sl, s)
-    loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + rr[None, :]
-    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :]
-    ymask = (rm < T)[:, None] & (rr < BLOCK_R)[None, :]
-    if SPLIT:
-        # the partial to the workspace, count in; the last program of the tile sums them all
+    y_tile = y_ptr + pid_m.to(tl.int64) * (BLOCK_M * BLOCK_R)  # y's rows of this tile, [BLOCK_M, BLOCK_R] flat
+    if SPLIT_P2 > 1:
+        # the partial to the workspace ([tile][split][BLOCK_M * BLOCK_R]), count in; the last of the
+        # tile loads all the tile's partials at once and sums them (a fixed tree: deterministic)
         split = tl.num_programs(1)
-        tiles = tl.num_programs(0)
-        P = BLOCK_M * BLOCK_R
-        tl.store(ws_ptr + (pid_k * tiles + pid_m).to(tl.int64) * P + loc, acc)
+        ws_tile = ws_ptr + pid_m.to(tl.int64) * (SPLIT_P2 * BLOCK_M * BLOCK_R)
+        tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_R) + tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + rr[None, :], acc)
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_m, 1, sem="acq_rel", scope="gpu")
         if arrived == split - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-            for p in range(0, split):  # a fixed order: deterministic
-                total += tl.load(ws_ptr + (p * tiles + pid_m).to(tl.int64) * P + loc)
-            tl.store(y_ptrs, total, mask=ymask)
+            rp = tl.arange(0, SPLIT_P2)
+            f = tl.arange(0, BLOCK_M * BLOCK_R)
+            parts = tl.load(ws_tile + rp[:, None] * (BLOCK_M * BLOCK_R) + f[None, :], mask=(rp < split)[:, None], other=0.0,
+                            cache_modifier=".cg")  # past L1: written by other SMs
+            rows = pid_m * BLOCK_M + f // BLOCK_R
+            tl.store(y_tile + f, tl.sum(parts, axis=0), mask=rows < T)
             tl.atomic_xchg(cnt_ptr + pid_m, 0)  # ready for the next launch
     else:
-        tl.store(y_ptrs, acc, mask=ymask)
+        tl.store(y_tile + tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + rr[None, :], acc, mask=(rm < T)[:, None])
 
 
 @lazy_jit
@@ -153,14 +156,16 @@ def block_r(R: int) -> int:
     return max(16, 1 << max(0, R - 1).bit_length())
 
 
-def shrink_grid(T: int, K: int, cfg: dict, sms: int) -> tuple[int, int, int]:
+def shrink_grid(T: int, K: int, br: int, cfg: dict, sms: int) -> tuple[int, int, int]:
     """(token tiles, K splits, K per split) of one shrink: cfg["split"] splits, or about
-    cfg["waves"] programs an SM, at most one BLOCK_K step a split."""
+    cfg["waves"] programs an SM; at most one BLOCK_K step a split, and at most REDUCE_FLOATS
+    partial floats a tile (the last program loads them all at once)."""
     bm, bk = cfg["BM"], cfg["BK"]
     tiles = -(-T // bm)
     steps = -(-K // bk)
     split = cfg.get("split") or -(-cfg.get("waves", 1) * sms // tiles)
-    per = -(-steps // max(1, min(split, steps))) * bk
+    split = max(1, min(split, steps, REDUCE_FLOATS // (bm * br)))
+    per = -(-steps // split) * bk
     return tiles, -(-K // per), per
 
 
@@ -170,12 +175,13 @@ def launch_shrink(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> tor
     T, K = x.shape
     S, R = a.shape[0], a.shape[1]
     br = block_r(R)
-    tiles, split, per = shrink_grid(T, K, cfg, sms)
+    tiles, split, per = shrink_grid(T, K, br, cfg, sms)
+    p2 = 1 if split == 1 else next_pow2(split)
     y = torch.empty(T, br, dtype=torch.float32, device=x.device)
-    ws = torch.empty(split * tiles * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
+    ws = torch.empty(tiles * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
     _shrink_kernel[(tiles, split)](
         x, a, slots, y, ws, counters, T, K, R, S, per, x.stride(0), a.stride(0), a.stride(1),
-        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SPLIT=split > 1, FP32=fp32,
+        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SPLIT_P2=p2, FP32=fp32,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
     )
     return y

@@ -9,7 +9,7 @@ from tests.kernels.lora.cases import check_update, inputs
 
 from llm_kernels.lora import add_lora, add_lora_reference
 from llm_kernels.lora.configs import shrink_configs, token_bucket
-from llm_kernels.lora.kernels import block_r, shrink_grid
+from llm_kernels.lora.kernels import REDUCE_FLOATS, block_r, shrink_grid
 from llm_kernels.lora.triton_path import add_lora_triton, counters, tuning_slots
 
 K, N = 72, 100  # off every block size of the interpreter's configs (16, 32, 64)
@@ -106,13 +106,19 @@ def test_strided_views(rng):
 
 
 def test_grid_and_keys():
-    """K splits cover K in whole BLOCK_K steps with none empty; token counts share keys up to a cap."""
-    for K_, cfg, sms, T in [(3584, {"BM": 16, "BK": 64, "waves": 2}, 132, 1), (72, {"BM": 16, "BK": 32, "split": 3}, 4, 37),
-                            (18944, {"BM": 64, "BK": 128, "waves": 1}, 132, 4096), (100, {"BM": 16, "BK": 64, "split": 9}, 4, 5)]:
-        tiles, split, per = shrink_grid(T, K_, cfg, sms)
+    """K splits cover K in whole BLOCK_K steps with none empty, a tile's partials stay within
+    what its last program loads at once; token counts share keys up to a cap."""
+    for K_, br, cfg, sms, T in [(3584, 16, {"BM": 16, "BK": 64, "waves": 2}, 132, 1),
+                                (72, 16, {"BM": 16, "BK": 32, "split": 3}, 4, 37),
+                                (18944, 16, {"BM": 64, "BK": 128, "waves": 1}, 132, 4096),
+                                (18944, 64, {"BM": 16, "BK": 64, "waves": 4}, 132, 64),
+                                (100, 16, {"BM": 16, "BK": 64, "split": 9}, 4, 5)]:
+        tiles, split, per = shrink_grid(T, K_, br, cfg, sms)
         assert tiles == -(-T // cfg["BM"]) and per % cfg["BK"] == 0
         assert (split - 1) * per < K_ <= split * per
-    assert shrink_grid(1, 3584, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 56  # every step its own program
+        assert split * cfg["BM"] * br <= REDUCE_FLOATS
+    assert shrink_grid(1, 3584, 16, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 28  # capped at 32: 2 steps each
+    assert shrink_grid(64, 3584, 16, {"BM": 64, "BK": 64, "waves": 2}, 132)[1] == 8
     assert [token_bucket(t) for t in (1, 3, 64, 65, 5000)] == [1, 4, 64, 128, 1024]
     assert shrink_configs(1, torch.float32, torch.device("cpu"))[0]["split"] > 1  # the interpreter splits K
     assert tuning_slots(10, 3, torch.device("cpu")).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
