@@ -11,7 +11,7 @@ import torch
 
 from llm_kernels.dispatch import autotune, interpret_mode, sm_count
 from llm_kernels.lora.configs import expand_configs, expand_key, shrink_configs, shrink_key
-from llm_kernels.lora.kernels import block_r, launch_expand, launch_shrink
+from llm_kernels.lora.kernels import block_r, launch_expand, launch_shrink, shrink_units
 
 TUNE_SLOTS = 8
 _COUNTERS: dict = {}  # device -> int32 zeros, the shrink's arrival counters (zero between launches)
@@ -49,7 +49,7 @@ def shrink(x, a, slots, config: dict | None = None) -> torch.Tensor:
     fp32 = _fp32(x.dtype)
 
     def run(cfg, s=slots):
-        return launch_shrink(x, a, s, cfg, sms, counters(x.device, -(-T // cfg["BM"])), fp32)
+        return launch_shrink(x, a, s, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], T)), fp32)
 
     if config is None:
         synthetic = {}
