@@ -129,3 +129,29 @@ def test_grid_and_keys():
     assert shrink_configs(1, torch.float32, torch.device("cpu"))[0]["split"] > 1  # the interpreter splits K
     assert tuning_slots(10, 3, torch.device("cpu")).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
     assert tuning_slots(300, 16, torch.device("cpu"))[[0, 63, 64, 299]].tolist() == [0, 0, 1, 4]
+
+
+def test_tuning_times_inputs_of_its_own(rng, monkeypatch, poisoned):
+    """The tuner's launches (here run once per candidate, as its agreement check does) use
+    synthetic slots, a y and an out of their own: a warm-up call without any adapter still
+    gives every candidate real work, and the caller's out sees only the call itself."""
+    from llm_kernels.lora import triton_path
+
+    seen = {}
+
+    def every_candidate(name, key, configs, launch, **_):
+        cands = configs() if callable(configs) else configs
+        seen[name] = [launch(cfg).float().clone() for cfg in cands]
+        return cands[0]
+
+    monkeypatch.setattr(triton_path, "autotune", every_candidate)
+    out, x, a, b, _ = inputs(20, K, N, torch.float32, rng)
+    got = out.clone()
+    with poisoned():  # the call's own y: NaN where no row wrote it (all of it here)
+        add_lora_triton(got, x, a, b, torch.full((20,), -1, dtype=torch.int32))
+    assert torch.equal(got, out)
+    assert set(seen) == {"lora_shrink", "lora_expand"}
+    for name, outs in seen.items():
+        assert len(outs) == 3 and all(torch.isfinite(o).all() and o.abs().sum() > 0 for o in outs), name
+        for o in outs[1:]:
+            torch.testing.assert_close(o, outs[0], rtol=1e-4, atol=1e-5)
