@@ -11,6 +11,7 @@
 #   slow-kernels, slow-engine  the long variants (-m slow), kernels' files and the engine's, apart
 #   kernels     K1-K4 (kernel_bench.py)
 #   fp8-kernels K5 (quant_formats.py --only K5: the FP8 linear, the W8A16 kernel, W8A8, cuBLAS bf16)
+#   lora        the LoRA kernel's long GPU tests (-m slow tests/gpu/test_lora_gpu.py), then L2 (lora.py)
 #   formats     K1-fmt (quant_formats.py --only K1-fmt), then K2-fp8 (kv.py --only K2-fp8)
 #   serve       E1 with --e1-weights awq bf16 (the HF peer, E1-fmt AWQ vs bf16), E3
 #   fp8         E1-fmt FP8 vs bf16 (serve.py --e1-weights fp8 bf16 --skip-peer)
@@ -92,6 +93,8 @@ for step in "${steps[@]}"; do
                          tests/gpu/test_tp_gpu.py ;;
         kernels) run kernels 570 "$PY" benchmarks/kernel_bench.py --out "$(out kernel_bench)" ;;
         fp8-kernels) run fp8-kernels 570 "$PY" benchmarks/quant_formats.py --only K5 --out "$(out quant_formats)" ;;
+        lora) run lora 240 "$PY" -m pytest -q -m slow tests/gpu/test_lora_gpu.py
+              run lora 300 "$PY" benchmarks/lora.py --out "$(out lora)" ;;
         formats) run formats 420 "$PY" benchmarks/quant_formats.py --only K1-fmt --out "$(out quant_formats)"
                  run formats 150 "$PY" benchmarks/kv.py --only K2-fp8 --out "$(out kv)" ;;
         serve) run serve 570 "$PY" benchmarks/serve.py --workloads E3 E1 --e1-weights awq bf16 --out "$(out serve)" ;;

@@ -3,8 +3,11 @@ they are tuned under. The first candidate is the interpreter's, the one taken in
 capture before the shape was tuned, and the yardstick the others must agree with; the lists
 stay short (each candidate is timed once per key on CUDA).
 
-shrink {BM, BK, waves | split, warps, stages}: token tile, K step, K split (about `waves`
-programs an SM, or `split` parts). expand {BM, BN, warps, stages}: token tile, N tile."""
+shrink {BM, BK, waves | split, slots, warps, stages}: token tile, K step, K split (about
+`waves` programs an SM, or `split` parts), programs a tile gets along its distinct slots
+(llm_kernels.lora.kernels.slot_groups; "all" when absent). expand {BM, BN, slots, warps,
+stages}: token tile, N tile, slot programs. Decode takes a program per slot of a tile (its
+adapters' loads in parallel), prefill one or two (a tile of one sequence has one slot)."""
 import torch
 
 from llm_kernels.dispatch import next_pow2
@@ -30,37 +33,50 @@ def _bm(T: int, cap: int) -> int:
     return max(16, min(cap, next_pow2(max(1, T))))
 
 
+def _unique(configs: list[dict]) -> list[dict]:
+    """The configs in order, each once (a small T makes some tiles alike)."""
+    out = []
+    for cfg in configs:
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def shrink_configs(T: int, dtype, device) -> list[dict]:
     """Candidates of the shrink for T tokens."""
     if device.type != "cuda":  # the interpreter: small tiles, K split 3 ways (the workspace path)
-        return [{"BM": 16, "BK": 32, "split": 3}, {"BM": 32, "BK": 16, "split": 1}]
+        return [{"BM": 16, "BK": 32, "split": 3}, {"BM": 32, "BK": 16, "split": 1, "slots": 1},
+                {"BM": 16, "BK": 32, "split": 2, "slots": 2}]
     if dtype == torch.float32:
         return [{"BM": 16, "BK": 32, "waves": 2, "warps": 4, "stages": 2}]
     bm = _bm(T, 64)
     if T <= 256:
-        # decode: one or few tiles, K split until about 2-4 programs an SM read A and x in parallel
-        return [{"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
-                {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3},
-                {"BM": bm, "BK": 64, "waves": 4, "warps": 4, "stages": 3},
-                {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3}]
-    # prefill: many token tiles already fill the machine, few or no splits
-    return [{"BM": 64, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
-            {"BM": 128, "BK": 64, "waves": 1, "warps": 8, "stages": 3},
-            {"BM": 64, "BK": 128, "waves": 1, "warps": 4, "stages": 3}]
+        # decode: few token tiles, K split until the programs fill the SMs. A tile of 16 rows
+        # takes up to 32 splits (the partials its last program sums at once), one of 64 up to 8;
+        # smaller tiles read an adapter's A once per tile (from L2 after the first)
+        return _unique([{"BM": 16, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
+                        {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3},
+                        {"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
+                        {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3}])
+    # prefill: the token tiles alone fill the machine, few or no splits
+    return [{"BM": 64, "BK": 64, "waves": 2, "slots": 1, "warps": 4, "stages": 3},
+            {"BM": 128, "BK": 64, "waves": 1, "slots": 1, "warps": 8, "stages": 3},
+            {"BM": 64, "BK": 128, "waves": 1, "slots": 2, "warps": 4, "stages": 3}]
 
 
 def expand_configs(T: int, dtype, device) -> list[dict]:
     """Candidates of the expand for T tokens."""
     if device.type != "cuda":  # the interpreter
-        return [{"BM": 16, "BN": 32}, {"BM": 32, "BN": 64}]
+        return [{"BM": 16, "BN": 32}, {"BM": 32, "BN": 64, "slots": 1}, {"BM": 16, "BN": 32, "slots": 2}]
     if dtype == torch.float32:
         return [{"BM": 16, "BN": 64, "warps": 4, "stages": 2}]
     bm = _bm(T, 64)
     if T <= 256:
-        return [{"BM": bm, "BN": 128, "warps": 4, "stages": 2},
-                {"BM": bm, "BN": 64, "warps": 4, "stages": 2},
-                {"BM": bm, "BN": 256, "warps": 8, "stages": 2},
-                {"BM": 16, "BN": 128, "warps": 4, "stages": 2}]
-    return [{"BM": 64, "BN": 128, "warps": 4, "stages": 2},
-            {"BM": 128, "BN": 128, "warps": 8, "stages": 2},
-            {"BM": 64, "BN": 256, "warps": 8, "stages": 2}]
+        # each token tile reads every adapter it holds: fewer, taller tiles read B fewer times
+        return _unique([{"BM": bm, "BN": 128, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 64, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 256, "warps": 8, "stages": 2},
+                        {"BM": _bm(T, 128), "BN": 128, "warps": 8, "stages": 2}])
+    return [{"BM": 64, "BN": 128, "slots": 1, "warps": 4, "stages": 2},
+            {"BM": 128, "BN": 128, "slots": 1, "warps": 8, "stages": 2},
+            {"BM": 64, "BN": 256, "slots": 2, "warps": 8, "stages": 2}]

@@ -3,25 +3,30 @@ expand (out += y b[s]^T), each token on its own slot s, in two launches with no 
 synchronisation (slots is read on the device only, so a CUDA graph can replay them with new
 slots).
 
-Both kernels tile the tokens (BLOCK_M rows, the grid's token axis) and loop, inside a program,
-over the distinct slots present in the tile: the smallest slot above the last one, found by a
-min-reduction over the tile's slots, until none is left. A tile of decode tokens on many
-adapters visits each of them once, loading that adapter's A or B tile once for all its rows;
-a prefill tile of one sequence visits one; a tile with no adapter at all costs one load of
-its slots. Rows of other slots are masked to zero before each dot (BGMV-like per token, but a
-weight tile serves every row of the tile that uses it). Slots outside [0, S) count as none: a
-kernel cannot raise, and an unchecked slot would read past the adapters.
+Both kernels tile the tokens (BLOCK_M rows) and give each tile G programs along the grid's last
+axis, one per group of the tile's distinct slots: program g takes distinct slots g, g + G,
+g + 2G, ... in ascending order (the next distinct slot is a min-reduction over the tile's
+slots: arithmetic, no memory). Each row has one slot, so the programs of a tile own disjoint
+rows and write without atomics. G is a config: a decode tile whose tokens use many adapters
+takes one program per adapter (G = min(S, BLOCK_M, T)), so the adapters' weight loads run in
+parallel, not one after another in a loop (whose loads the compiler does not pipeline); a
+prefill tile of one sequence needs one (G = 1; the extra programs would only find no slot and
+exit). A program reads an adapter's weight tile once for all its rows in the tile; rows of
+other slots are masked out of each dot. Slots outside [0, S) count as none: a kernel cannot
+raise, and an unchecked slot would read past the adapters.
 
-shrink: program (token tile, K split) walks its K range in BLOCK_K steps; K is split over the
-grid's second axis so that a decode step of a few tokens still spreads over the SMs. With
-splits, each program writes its float32 partial to a workspace, counts itself in with an
-atomic, and the last of the tile sums the partials in a fixed order (deterministic, no
-zero-fill of y, no extra launch) and resets its counter for the next launch.
+shrink: program (token tile, K split, group) walks its K range in BLOCK_K steps (pipelined);
+K is split over the grid so that a decode step of a few tokens still spreads over the SMs.
+With splits, each program writes its float32 partial to a workspace, counts itself in with an
+atomic, and the last of its (tile, group) loads all their partials in one go (at most
+REDUCE_FLOATS: a loop of one load at a time would wait out the L2's latency per split) and
+sums them in a fixed tree (deterministic, no zero-fill of y, no extra launch), then resets its
+counter for the next launch.
 
-expand: program (N tile, token tile) holds its rows of y [BLOCK_M, BLOCK_R] and, per slot, a
-[BLOCK_R, BLOCK_N] tile of b (B's rows are R contiguous elements: the tile is one contiguous
-run), accumulates y b^T in float32 and adds it to out in one read-modify-write of its rows
-that have an adapter (rows of slot -1 are neither read nor written).
+expand: program (N tile, token tile, group) loads its rows of out first (their loads in flight
+while the weights come), then per slot a [BLOCK_R, BLOCK_N] tile of b (B's rows are R
+contiguous elements: the tile is one contiguous run), accumulates y b^T in float32 and writes
+its rows back once. Rows of slot -1 are neither read nor written.
 
 Not fused into one launch: the expand needs each row's whole y (a sum over all of K), and
 recomputing it per N tile would read x and A again for every one of N / BLOCK_N tiles (296 on
@@ -33,9 +38,10 @@ float32 accumulation); FP32 runs float32 dots (ieee), which the interpreter also
 import torch
 import triton.language as tl
 
-from llm_kernels.dispatch import jit_helper, lazy_jit
+from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2
 
-NONE = tl.constexpr(2147483647)  # past every slot: the loop's end
+NONE = tl.constexpr(2147483647)  # past every slot: the walk's end
+REDUCE_FLOATS = 8192  # a (tile, group)'s split partials, loaded at once (64 registers a thread at 4 warps)
 
 
 @jit_helper
@@ -59,19 +65,32 @@ def _next_slot(sl, last):
     return tl.min(tl.where(sl > last, sl, NONE), axis=0)
 
 
+@jit_helper
+def _skip_slots(sl, s, n):
+    """The n-th distinct slot of the tile after s (s itself for n = 0)."""
+    for _ in range(0, n):
+        s = _next_slot(sl, s)
+    return s
+
+
 @lazy_jit
 def _shrink_kernel(
     x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
     T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr,
     FP32: tl.constexpr,
 ):
-    """y[t, :R] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile (0 for rows
-    without an adapter); y is [T, BLOCK_R]."""
+    """y[t, :] = x[t] @ a[slots[t]]^T in float32 (BLOCK_R columns, zero past R) for the rows of
+    one token tile whose slots are this program's group; y is [T, BLOCK_R]."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_g = tl.program_id(2)
+    groups = tl.num_programs(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = _tile_slots(slots_ptr, rm, T, S)
+    s = _skip_slots(sl, _next_slot(sl, -1), pid_g)
+    if s == NONE:
+        return  # the tile has no slot for this group (every split of it returns alike)
     rr = tl.arange(0, BLOCK_R)
     rk = tl.arange(0, BLOCK_K)
     k_begin = pid_k * k_per_split
@@ -79,35 +98,38 @@ def _shrink_kernel(
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_xt + rk[None, :]
     a_ptrs = a_ptr + rr[None, :] * stride_ar + rk[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-    s = _next_slot(sl, -1)
+    owned = sl == s
     while s < NONE:
         mine = sl == s  # only this slot's rows of x are read: the others' dot rows stay 0
+        owned = owned | mine
         a_s = a_ptrs + s.to(tl.int64) * stride_as
         for k0 in range(k_begin, k_end, BLOCK_K):
             kmask = rk < k_end - k0
             xt = tl.load(x_ptrs + k0, mask=mine[:, None] & kmask[None, :], other=0.0)
             at = tl.load(a_s + k0, mask=kmask[:, None] & (rr < R)[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             acc = _dot_acc(acc, xt, at, FP32)
-        s = _next_slot(sl, s)
-    loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_R + rr[None, :]
+        s = _skip_slots(sl, s, groups)
+    lm = tl.arange(0, BLOCK_M)
     y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :]
-    ymask = (rm < T)[:, None] & (rr < BLOCK_R)[None, :]
-    if SPLIT:
-        # the partial to the workspace, count in; the last program of the tile sums them all
+    if SPLIT_P2 > 1:
+        # the partial to the workspace ([tile, group][split][BLOCK_M, BLOCK_R]), count in; the
+        # last of the (tile, group) loads all their partials at once and sums them (a fixed
+        # tree: deterministic)
         split = tl.num_programs(1)
-        tiles = tl.num_programs(0)
-        P = BLOCK_M * BLOCK_R
-        tl.store(ws_ptr + (pid_k * tiles + pid_m).to(tl.int64) * P + loc, acc)
+        unit = pid_m * groups + pid_g
+        ws_unit = ws_ptr + unit.to(tl.int64) * (SPLIT_P2 * BLOCK_M * BLOCK_R)
+        tl.store(ws_unit + pid_k * (BLOCK_M * BLOCK_R) + lm[:, None] * BLOCK_R + rr[None, :], acc)
         tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid_m, 1, sem="acq_rel", scope="gpu")
+        arrived = tl.atomic_add(cnt_ptr + unit, 1, sem="acq_rel", scope="gpu")
         if arrived == split - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-            for p in range(0, split):  # a fixed order: deterministic
-                total += tl.load(ws_ptr + (p * tiles + pid_m).to(tl.int64) * P + loc)
-            tl.store(y_ptrs, total, mask=ymask)
-            tl.atomic_xchg(cnt_ptr + pid_m, 0)  # ready for the next launch
+            rp = tl.arange(0, SPLIT_P2)
+            offs = rp[:, None, None] * (BLOCK_M * BLOCK_R) + lm[None, :, None] * BLOCK_R + rr[None, None, :]
+            parts = tl.load(ws_unit + offs, mask=(rp < split)[:, None, None], other=0.0,
+                            cache_modifier=".cg")  # past L1: written by other SMs
+            tl.store(y_ptrs, tl.sum(parts, axis=0), mask=owned[:, None])
+            tl.atomic_xchg(cnt_ptr + unit, 0)  # ready for the next launch
     else:
-        tl.store(y_ptrs, acc, mask=ymask)
+        tl.store(y_ptrs, acc, mask=owned[:, None])
 
 
 @lazy_jit
@@ -116,31 +138,37 @@ def _expand_kernel(
     T, N, R, S, stride_bs, stride_bn, stride_ot,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr,
 ):
-    """out[t, n tile] += y[t] @ b[slots[t]][n tile]^T for the rows of one token tile that have
-    an adapter."""
+    """out[t, n tile] += y[t] @ b[slots[t]][n tile]^T for the rows of one token tile whose
+    slots are this program's group."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_g = tl.program_id(2)
+    groups = tl.num_programs(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = _tile_slots(slots_ptr, rm, T, S)
-    s = _next_slot(sl, -1)
-    if s == NONE:
-        return  # no row of this tile has an adapter
-    used = sl >= 0
+    first = _skip_slots(sl, _next_slot(sl, -1), pid_g)
+    if first == NONE:
+        return  # no row of this tile has a slot of this group
+    owned = sl == first  # the group's rows: a walk over its slots, arithmetic only
+    s = _skip_slots(sl, first, groups)
+    while s < NONE:
+        owned = owned | (sl == s)
+        s = _skip_slots(sl, s, groups)
     rr = tl.arange(0, BLOCK_R)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < N
-    y = tl.load(y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :], mask=used[:, None], other=0.0)
+    omask = owned[:, None] & (rn < N)[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    o = tl.load(o_ptrs, mask=omask, other=0.0)  # first: in flight while the weights load
+    y = tl.load(y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :], mask=owned[:, None], other=0.0)
     b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + rr[:, None]
-    bmask = (rr < R)[:, None] & nmask[None, :]
+    bmask = (rr < R)[:, None] & (rn < N)[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    s = first
     while s < NONE:
         ys = tl.where((sl == s)[:, None], y, 0.0)
         bt = tl.load(b_ptrs + s.to(tl.int64) * stride_bs, mask=bmask, other=0.0)  # [BLOCK_R, BLOCK_N]
         acc = _dot_acc(acc, ys, bt, FP32)
-        s = _next_slot(sl, s)
-    omask = used[:, None] & nmask[None, :]
-    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
-    o = tl.load(o_ptrs, mask=omask, other=0.0)
+        s = _skip_slots(sl, s, groups)
     tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
 
 
@@ -153,39 +181,57 @@ def block_r(R: int) -> int:
     return max(16, 1 << max(0, R - 1).bit_length())
 
 
-def shrink_grid(T: int, K: int, cfg: dict, sms: int) -> tuple[int, int, int]:
+def slot_groups(cfg: dict, S: int, T: int) -> int:
+    """G, the programs a token tile gets along the slots: cfg["slots"] ("all": as many as the
+    tile can hold distinct slots, min(S, BLOCK_M, T)), never more than that."""
+    cap = max(1, min(S, cfg["BM"], T))
+    want = cfg.get("slots", "all")
+    return cap if want == "all" else max(1, min(int(want), cap))
+
+
+def shrink_grid(T: int, K: int, br: int, groups: int, cfg: dict, sms: int) -> tuple[int, int, int]:
     """(token tiles, K splits, K per split) of one shrink: cfg["split"] splits, or about
-    cfg["waves"] programs an SM, at most one BLOCK_K step a split."""
+    cfg["waves"] programs an SM over the tiles and groups; at most one BLOCK_K step a split,
+    and at most REDUCE_FLOATS partial floats a (tile, group)."""
     bm, bk = cfg["BM"], cfg["BK"]
     tiles = -(-T // bm)
     steps = -(-K // bk)
-    split = cfg.get("split") or -(-cfg.get("waves", 1) * sms // tiles)
-    per = -(-steps // max(1, min(split, steps))) * bk
+    split = cfg.get("split") or -(-cfg.get("waves", 1) * sms // (tiles * groups))
+    split = max(1, min(split, steps, REDUCE_FLOATS // (bm * br)))
+    per = -(-steps // split) * bk
     return tiles, -(-K // per), per
 
 
 def launch_shrink(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> torch.Tensor:
-    """y float32 [T, block_r(R)] (zero past R and for rows without an adapter). counters: int32,
-    at least T / BM of them, zero (and left zero)."""
+    """y float32 [T, block_r(R)]: zero past R; rows without an adapter left unwritten. counters:
+    int32, zero (and left zero), at least shrink_units(...) of them."""
     T, K = x.shape
     S, R = a.shape[0], a.shape[1]
     br = block_r(R)
-    tiles, split, per = shrink_grid(T, K, cfg, sms)
+    groups = slot_groups(cfg, S, T)
+    tiles, split, per = shrink_grid(T, K, br, groups, cfg, sms)
+    p2 = 1 if split == 1 else next_pow2(split)
     y = torch.empty(T, br, dtype=torch.float32, device=x.device)
-    ws = torch.empty(split * tiles * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
-    _shrink_kernel[(tiles, split)](
+    ws = torch.empty(tiles * groups * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32,
+                     device=x.device)
+    _shrink_kernel[(tiles, split, groups)](
         x, a, slots, y, ws, counters, T, K, R, S, per, x.stride(0), a.stride(0), a.stride(1),
-        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SPLIT=split > 1, FP32=fp32,
+        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SPLIT_P2=p2, FP32=fp32,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
     )
     return y
+
+
+def shrink_units(cfg: dict, S: int, T: int) -> int:
+    """The arrival counters one shrink uses: one per (token tile, group)."""
+    return -(-T // cfg["BM"]) * slot_groups(cfg, S, T)
 
 
 def launch_expand(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:
     """out [T, N] += y b[slot]^T on the rows with an adapter; returns out."""
     T, N = out.shape
     S, R = b.shape[0], b.shape[2]
-    grid = (-(-N // cfg["BN"]), -(-T // cfg["BM"]))
+    grid = (-(-N // cfg["BN"]), -(-T // cfg["BM"]), slot_groups(cfg, S, T))
     _expand_kernel[grid](
         y, b, slots, out, T, N, R, S, b.stride(0), b.stride(1), out.stride(0),
         BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_R=y.shape[1], FP32=fp32,

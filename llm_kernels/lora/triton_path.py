@@ -3,15 +3,16 @@ tuned per shape, the split-K arrival counters kept per device, the strides the k
 
 Tuning runs on inputs of its own: synthetic slots (decode-sized batches round-robin over up to
 TUNE_SLOTS adapters, the mix that costs most; larger ones in runs of 64 tokens, as prefill
-sequences come) and scratch outputs, so what the first call's slots hold (an engine's warm-up
-may have none) does not decide the configs, and the caller's out is never touched twice."""
+sequences come), inputs for the expand and scratch outputs, so what the first call's slots
+hold (an engine's warm-up may have none) does not decide the configs, and the caller's out is
+never touched twice."""
 from __future__ import annotations
 
 import torch
 
 from llm_kernels.dispatch import autotune, interpret_mode, sm_count
 from llm_kernels.lora.configs import expand_configs, expand_key, shrink_configs, shrink_key
-from llm_kernels.lora.kernels import block_r, launch_expand, launch_shrink
+from llm_kernels.lora.kernels import block_r, launch_expand, launch_shrink, shrink_units
 
 TUNE_SLOTS = 8
 _COUNTERS: dict = {}  # device -> int32 zeros, the shrink's arrival counters (zero between launches)
@@ -49,7 +50,7 @@ def shrink(x, a, slots, config: dict | None = None) -> torch.Tensor:
     fp32 = _fp32(x.dtype)
 
     def run(cfg, s=slots):
-        return launch_shrink(x, a, s, cfg, sms, counters(x.device, -(-T // cfg["BM"])), fp32)
+        return launch_shrink(x, a, s, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], T)), fp32)
 
     if config is None:
         synthetic = {}
@@ -76,8 +77,10 @@ def expand(y, b, slots, out, config: dict | None = None) -> None:
             if not scratch:  # made at the first timed call, outside any capture
                 scratch["slots"] = tuning_slots(T, b.shape[0], out.device)
                 scratch["out"] = torch.empty_like(out)
+                # y of its own: the call's y has no rows for tokens without an adapter
+                scratch["y"] = torch.linspace(-1, 1, y.numel(), device=y.device).view(y.shape)
             scratch["out"].zero_()
-            return launch_expand(y, b, scratch["slots"], scratch["out"], cfg, fp32)
+            return launch_expand(scratch["y"], b, scratch["slots"], scratch["out"], cfg, fp32)
 
         config = autotune("lora_expand", expand_key(T, N, y.shape[1], out.dtype),
                           lambda: expand_configs(T, out.dtype, out.device), timed, checked=(out.dtype,),

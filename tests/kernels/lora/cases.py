@@ -39,17 +39,28 @@ def inputs(T: int, K: int, N: int, dtype, gen, ranks=RANKS, R=R):
     return out, x, a, b, token_slots(T, len(ranks), gen)
 
 
+def ulp(t: torch.Tensor, dtype) -> torch.Tensor:
+    """The spacing of dtype's numbers at each value of t (float32)."""
+    _, exp = torch.frexp(t.float())
+    return torch.ldexp(torch.full_like(t, torch.finfo(dtype).eps, dtype=torch.float32), exp - 1)
+
+
 def check_update(got: torch.Tensor, ref: torch.Tensor, before: torch.Tensor, slots: torch.Tensor, dtype,
                  seed: int, what: str) -> None:
-    """Rows of slot -1 exactly as before; the others' update (got - before) within the dtype's
-    tolerance of the reference's, and the whole output too."""
+    """Rows of slot -1 exactly as before; every element of the others' update (got - before)
+    within the dtype's tolerance of its row's largest update, plus one unit in the last place
+    of out (the interpreter's float32 -> bf16 cast truncates where the GPU's rounds to nearest:
+    one unit is a large share of a small update); the whole output within tolerance too."""
     assert got.shape == ref.shape and got.dtype == ref.dtype, (got.shape, ref.shape, got.dtype, ref.dtype)
     assert not torch.isnan(got).any(), f"{what}: NaN in output (seed={seed})"
     none = slots < 0
     assert torch.equal(got[none], before[none]), f"{what}: rows of slot -1 changed (seed={seed})"
     used = ~none
     if used.any():
-        err = rel_err(got[used].float() - before[used].float(), ref[used].float() - before[used].float())
-        assert err < TOL[dtype], f"{what}: update rel err {err:.3g} >= {TOL[dtype]} (seed={seed})"
+        d_got = got[used].float() - before[used].float()
+        d_ref = ref[used].float() - before[used].float()
+        allowed = TOL[dtype] * d_ref.abs().amax(dim=1, keepdim=True) + ulp(ref[used], dtype)
+        excess = ((d_got - d_ref).abs() - allowed).max().item()
+        assert excess <= 0, f"{what}: an update off by {excess:.3g} past its allowance (seed={seed})"
     err = rel_err(got, ref)
     assert err < TOL[dtype], f"{what}: rel err {err:.3g} >= {TOL[dtype]} (seed={seed})"

@@ -50,9 +50,9 @@ def test_candidate_configs_compile_for_sm90(dtype, T, monkeypatch):
     dt, fp32 = ("bf16", False) if dtype == torch.bfloat16 else ("fp32", True)
     cuda = torch.device("cuda")  # only read for its type: nothing touches CUDA
     for i, cfg in enumerate(shrink_configs(T, dtype, cuda)):
-        for split in (True, False)[: 2 if i == 0 else 1]:
+        for split in (8, 1)[: 2 if i == 0 else 1]:
             k = compiled(kernels._shrink_kernel, shrink_signature(dt),
-                         {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": 16, "SPLIT": split, "FP32": fp32},
+                         {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": 16, "SPLIT_P2": split, "FP32": fp32},
                          cfg, monkeypatch)
             assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
     for cfg in expand_configs(T, dtype, cuda):

@@ -9,14 +9,17 @@ from tests.kernels.lora.cases import check_update, inputs
 
 from llm_kernels.lora import add_lora, add_lora_reference
 from llm_kernels.lora.configs import shrink_configs, token_bucket
-from llm_kernels.lora.kernels import block_r, shrink_grid
+from llm_kernels.lora.kernels import REDUCE_FLOATS, block_r, shrink_grid, slot_groups
 from llm_kernels.lora.triton_path import add_lora_triton, counters, tuning_slots
 
 K, N = 72, 100  # off every block size of the interpreter's configs (16, 32, 64)
-# (shrink, expand): K split 3 ways (the workspace and its last-arrival sum) with small tiles;
-# no split, wider tiles
+# (shrink, expand): K split 3 ways (the workspace and its last-arrival sum), a program per slot
+# of a tile; no split, wider tiles, one program walking all of a tile's slots; two programs a
+# tile, each walking every other slot
 CONFIGS = [({"BM": 16, "BK": 32, "split": 3}, {"BM": 16, "BN": 32}),
-           ({"BM": 32, "BK": 16, "split": 1}, {"BM": 32, "BN": 64})]
+           ({"BM": 32, "BK": 16, "split": 1, "slots": 1}, {"BM": 32, "BN": 64, "slots": 1}),
+           ({"BM": 16, "BK": 32, "split": 2, "slots": 2}, {"BM": 16, "BN": 32, "slots": 2})]
+IDS = ["split3-all", "nosplit-walk", "split2-pairs"]
 
 
 def reference(out, x, a, b, slots):
@@ -27,7 +30,7 @@ def reference(out, x, a, b, slots):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 37])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["split3", "nosplit"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 def test_kernels_match_reference(T, dtype, cfg, rng, poisoned):
     out, x, a, b, slots = inputs(T, K, N, dtype, rng)
     ref = reference(out, x, a, b, slots)
@@ -106,14 +109,49 @@ def test_strided_views(rng):
 
 
 def test_grid_and_keys():
-    """K splits cover K in whole BLOCK_K steps with none empty; token counts share keys up to a cap."""
-    for K_, cfg, sms, T in [(3584, {"BM": 16, "BK": 64, "waves": 2}, 132, 1), (72, {"BM": 16, "BK": 32, "split": 3}, 4, 37),
-                            (18944, {"BM": 64, "BK": 128, "waves": 1}, 132, 4096), (100, {"BM": 16, "BK": 64, "split": 9}, 4, 5)]:
-        tiles, split, per = shrink_grid(T, K_, cfg, sms)
+    """Slot programs per tile up to the distinct slots it can hold; K splits cover K in whole
+    BLOCK_K steps with none empty, a (tile, group)'s partials within what its last program loads
+    at once; token counts share keys up to a cap."""
+    assert [slot_groups({"BM": 16}, 8, T) for T in (1, 5, 64)] == [1, 5, 8]
+    assert slot_groups({"BM": 16, "slots": 2}, 8, 64) == 2 and slot_groups({"BM": 16}, 32, 64) == 16
+    for K_, br, groups, cfg, sms, T in [(3584, 16, 1, {"BM": 16, "BK": 64, "waves": 2}, 132, 1),
+                                        (72, 16, 5, {"BM": 16, "BK": 32, "split": 3}, 4, 37),
+                                        (18944, 16, 1, {"BM": 64, "BK": 128, "waves": 1}, 132, 4096),
+                                        (18944, 64, 8, {"BM": 16, "BK": 64, "waves": 4}, 132, 64),
+                                        (100, 16, 2, {"BM": 16, "BK": 64, "split": 9}, 4, 5)]:
+        tiles, split, per = shrink_grid(T, K_, br, groups, cfg, sms)
         assert tiles == -(-T // cfg["BM"]) and per % cfg["BK"] == 0
         assert (split - 1) * per < K_ <= split * per
-    assert shrink_grid(1, 3584, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 56  # every step its own program
+        assert split * cfg["BM"] * br <= REDUCE_FLOATS
+    assert shrink_grid(1, 3584, 16, 1, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 28  # capped at 32: 2 steps each
+    assert shrink_grid(64, 3584, 16, 8, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 8  # 4 tiles x 8 slots x 8
     assert [token_bucket(t) for t in (1, 3, 64, 65, 5000)] == [1, 4, 64, 128, 1024]
     assert shrink_configs(1, torch.float32, torch.device("cpu"))[0]["split"] > 1  # the interpreter splits K
     assert tuning_slots(10, 3, torch.device("cpu")).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
     assert tuning_slots(300, 16, torch.device("cpu"))[[0, 63, 64, 299]].tolist() == [0, 0, 1, 4]
+
+
+def test_tuning_times_inputs_of_its_own(rng, monkeypatch, poisoned):
+    """The tuner's launches (here run once per candidate, as its agreement check does) use
+    synthetic slots, a y and an out of their own: a warm-up call without any adapter still
+    gives every candidate real work, and the caller's out sees only the call itself."""
+    from llm_kernels.lora import triton_path
+
+    seen = {}
+
+    def every_candidate(name, key, configs, launch, **_):
+        cands = configs() if callable(configs) else configs
+        seen[name] = [launch(cfg).float().clone() for cfg in cands]
+        return cands[0]
+
+    monkeypatch.setattr(triton_path, "autotune", every_candidate)
+    out, x, a, b, _ = inputs(20, K, N, torch.float32, rng)
+    got = out.clone()
+    with poisoned():  # the call's own y: NaN where no row wrote it (all of it here)
+        add_lora_triton(got, x, a, b, torch.full((20,), -1, dtype=torch.int32))
+    assert torch.equal(got, out)
+    assert set(seen) == {"lora_shrink", "lora_expand"}
+    for name, outs in seen.items():
+        assert len(outs) == 3 and all(torch.isfinite(o).all() and o.abs().sum() > 0 for o in outs), name
+        for o in outs[1:]:
+            torch.testing.assert_close(o, outs[0], rtol=1e-4, atol=1e-5)
