@@ -78,7 +78,7 @@ def test_engine_on_cuda_matches_transformers(gpu_ckpts, arch, dtype, block_size)
     path = gpu_ckpts[arch]
     rng = random.Random(block_size)
     prompts = [[rng.randrange(5, 400) for _ in range(n)] for n in (1, 9, 16, 17, 50, 130, 200, 333)]
-    llm = LLM(path, device="cuda", dtype=dtype, block_size=block_size, num_kv_blocks=512,
+    llm = LLM(path, device="cuda", dtype=dtype, block_size=block_size, num_kv_blocks=512, max_num_seqs=16,
               max_num_batched_tokens=256)  # chunked prefill for the long ones
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0))
@@ -153,7 +153,7 @@ def test_awq_model_on_cuda_matches_cpu(tmp_path):
     prompts = [{"prompt_token_ids": list(range(5 + i, 40 + 7 * i))} for i in range(6)]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
     cpu = LLM(str(dst), device="cpu", num_kv_blocks=256).generate(prompts, params)
-    gpu = LLM(str(dst), device="cuda", dtype="float32", num_kv_blocks=256).generate(prompts, params)
+    gpu = LLM(str(dst), device="cuda", dtype="float32", num_kv_blocks=256, max_num_seqs=16).generate(prompts, params)
     for a, b in zip(cpu, gpu):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for da, db, t in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids):

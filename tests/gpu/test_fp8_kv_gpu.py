@@ -68,7 +68,8 @@ def test_fp8_decode_and_prefill_match_reference(cache_dtype, window):
 def test_engine_fp8_cache_on_cuda_matches_transformers_reading_fp8(tiny_llama_dir):
     rng = random.Random(5)
     prompts = [[rng.randrange(5, 400) for _ in range(n)] for n in (1, 16, 33, 120)]
-    llm = LLM(tiny_llama_dir, device="cuda", dtype="float32", block_size=16, kv_cache_dtype="fp8")
+    llm = LLM(tiny_llama_dir, device="cuda", dtype="float32", block_size=16, kv_cache_dtype="fp8", max_num_seqs=8,
+              num_kv_blocks=256)  # a few decode graphs: the cache's path in graphs, not a ladder of compiles
     assert llm.engine.runner.kv_cache.dtype == torch.float8_e4m3fn and llm.engine.runner.graphs is not None
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=MAX_NEW, temperature=0))
     for prompt, out in zip(prompts, outs):

@@ -29,7 +29,7 @@ def test_adapters_in_cuda_graphs_match_their_merged_models(tmp_path):
                 for i in range(3)]
     merged = [lora_adapters.merge_into(base, a, str(tmp_path / f"m{i}")) for i, a in enumerate(adapters)]
     loras = [LoRARequest(f"a{i}", i + 1, a) for i, a in enumerate(adapters)] + [None]
-    llm = LLM(base, device="cuda", dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8,
+    llm = LLM(base, device="cuda", dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8,
               num_kv_blocks=512, max_num_batched_tokens=256)
     runner = llm.engine.runner
     assert runner.graphs is not None and runner.mixed is not None
