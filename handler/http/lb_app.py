@@ -15,10 +15,13 @@ from handler.errors import JobError
 from handler.http.jobs import COMPLETED
 from handler.http.lb_endpoint import BalancedEndpoint, Refused
 from handler.http.openai_routes import HTTP_STATUS, error_object, openai_error, openai_routes
-from handler.http.rest import MAX_RUNSYNC_BODY, body_timeout, job_input, reply
+from handler.http.rest import body_timeout, job_input, reply
 from handler.http.server import quiet_malformed_requests
 
 BODY_STATUSES = (400, 408, 413)  # refusals of the request's body (not JSON, too slow, too large)
+# RunPod's load balancer passes bodies of up to 30 MB (docs.runpod.io, load-balancing endpoints'
+# payload limits); a larger one gets a coded 413
+MAX_LB_BODY = 30 * 1024 * 1024
 
 
 def coded(status: int, error: JobError, headers: dict[str, str] | None = None) -> web.Response:
@@ -38,6 +41,8 @@ async def coded_errors(request: web.Request, handler):
         if exc.status < 400:
             raise
         message = f"{exc.reason}: {request.method} {request.path}"
+        if exc.status == 413:  # aiohttp's own refusal of a body past client_max_size
+            message = f"payload too large ({MAX_LB_BODY >> 20} MB at most): {request.method} {request.path}"
         if exc.content_type == "application/json":  # handler.http.rest's `{"error": "..."}`
             try:
                 message = json.loads(exc.text)["error"]
@@ -71,7 +76,7 @@ def runsync_routes(endpoint: BalancedEndpoint) -> list[web.RouteDef]:
     timeout = body_timeout(endpoint)
 
     async def runsync(request: web.Request) -> web.Response:
-        body, size = await job_input(request, MAX_RUNSYNC_BODY, timeout)
+        body, size = await job_input(request, MAX_LB_BODY, timeout)
         job = endpoint.submit(body, size=size)
         await endpoint.wait_final(job)
         if job.status == COMPLETED:
@@ -84,8 +89,8 @@ def runsync_routes(endpoint: BalancedEndpoint) -> list[web.RouteDef]:
 def make_api_app(endpoint: BalancedEndpoint, *, with_ping: bool = True) -> web.Application:
     """The app on PORT (with /ping when PORT_HEALTH is the same port)."""
     quiet_malformed_requests()
-    app = web.Application(client_max_size=MAX_RUNSYNC_BODY + 1024 * 1024, middlewares=[coded_errors])
-    routes = openai_routes(endpoint, "/v1") + runsync_routes(endpoint)
+    app = web.Application(client_max_size=MAX_LB_BODY + 1024 * 1024, middlewares=[coded_errors])
+    routes = openai_routes(endpoint, "/v1", MAX_LB_BODY) + runsync_routes(endpoint)
     app.add_routes(routes + (ping_routes(endpoint) if with_ping else []))
     return app
 

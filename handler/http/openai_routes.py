@@ -92,9 +92,10 @@ async def stream_reply(endpoint: JobEndpoint, job: Job, request: web.Request) ->
     return response
 
 
-def openai_routes(endpoint: JobEndpoint, base: str = ENDPOINT + "/openai/v1") -> list[web.RouteDef]:
+def openai_routes(endpoint: JobEndpoint, base: str = ENDPOINT + "/openai/v1",
+                  max_body: int = MAX_RUNSYNC_BODY) -> list[web.RouteDef]:
     """The OpenAI routes of `endpoint` under `base` (RunPod's /v2/{endpoint_id}/openai/v1; a
-    load-balancing worker's /v1)."""
+    load-balancing worker's /v1), bodies up to max_body bytes."""
 
     timeout = body_timeout(endpoint)
 
@@ -110,13 +111,13 @@ def openai_routes(endpoint: JobEndpoint, base: str = ENDPOINT + "/openai/v1") ->
         return reply(job.output[-1] if len(job.output) == 1 else job.output)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        return await run(request, "/v1/chat/completions", await read_json(request, MAX_RUNSYNC_BODY, timeout))
+        return await run(request, "/v1/chat/completions", await read_json(request, max_body, timeout))
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        return await run(request, "/v1/completions", await read_json(request, MAX_RUNSYNC_BODY, timeout))
+        return await run(request, "/v1/completions", await read_json(request, max_body, timeout))
 
     async def responses(request: web.Request) -> web.StreamResponse:
-        return await run(request, "/v1/responses", await read_json(request, MAX_RUNSYNC_BODY, timeout))
+        return await run(request, "/v1/responses", await read_json(request, max_body, timeout))
 
     async def models(request: web.Request) -> web.StreamResponse:
         return await run(request, "/v1/models", None)

@@ -175,6 +175,25 @@ def test_bad_requests_get_coded_errors_naming_the_field(call):
     assert code == 404 and answer["error"]["code"] == "invalid_input" and "/nowhere" in answer["error"]["message"]
 
 
+def test_bodies_up_to_runpods_30_mb_are_read_and_larger_ones_get_a_coded_413(call):
+    """RunPod's load balancer passes up to 30 MB: a 25 MB body is read (and then judged on its
+    content), a 31 MB one is refused 413, coded, naming the body."""
+    def padded(mb):  # a body of about mb MB: its text padded where nothing reads it
+        return json.dumps({**CHAT, "max_tokens": 2, "user": "x" * (mb << 20)}).encode()
+
+    async def body(c):
+        return (await c.call("POST", "/v1/chat/completions", raw=padded(25)),
+                await c.call("POST", "/v1/chat/completions", raw=padded(31)),
+                await c.call("POST", "/runsync", raw=json.dumps({"input": {"prompt": "Hi", "sampling_params": {
+                    "max_tokens": 2}}, "padding": "x" * (31 << 20)}).encode()))
+
+    read, chat_big, job_big = call(body)
+    assert read[0] != 413, read[2]
+    for code, _, answer in (chat_big, job_big):
+        assert code == 413 and answer["error"]["code"] == "invalid_input" and answer["error"]["param"] == "body", answer
+        assert "30 MB" in answer["error"]["message"]
+
+
 def test_requests_past_the_concurrency_get_429_with_retry_after(call, slow_steps):
     server = slow_steps
 
