@@ -2,7 +2,8 @@
 (llm_kernels.fp8.aot: Triton's compiler and its ptxas): the hardware e4m3 conversion and the
 PTX bit moves to wgmma on Hopper (sm_90), the bit moves to mma.sync on Ampere (sm_80), where
 Triton refuses the hardware conversion's type; a few configs (each compile takes about a
-second); benchmarks-free checks of what the GPU run then measures."""
+second); benchmarks-free checks of what the GPU run then measures. Each check runs in a fresh
+process (tests/kernels/fresh_process.py)."""
 import os
 import subprocess
 import sys
@@ -13,18 +14,18 @@ import torch
 
 from llm_kernels.fp8.aot import compile_w8a16
 from llm_kernels.fp8.configs import w8a16_config
+from tests.kernels.fresh_process import run_fresh
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(autouse=True)
-def compiled_mode(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
 
 
 @pytest.mark.parametrize("arch,cvt,mma", [(90, "native", "wgmma"), (90, "asm", "wgmma"), (80, "native", "mma.sync"),
                                           (80, "asm", "mma.sync")])
 def test_the_kernel_compiles_for_hopper_and_ampere(arch, cvt, mma):
+    run_fresh(__name__, "check_compile", arch, cvt, mma)
+
+
+def check_compile(arch: int, cvt: str, mma: str) -> None:
     cfg = w8a16_config(16, 64, 128, cvt=cvt)
     k = compile_w8a16(arch, torch.bfloat16, cfg, block=(128, 128) if cvt == "asm" else None)
     ptx = k.asm["ptx"]

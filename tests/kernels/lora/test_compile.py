@@ -1,25 +1,27 @@
 """The LoRA kernels compile for Hopper (sm_90) on this CPU-only machine: triton's front end
 and its CUDA backend (ptxas ships with triton) need no GPU, so a type error in a loop-carried
 value, a dot the MMA cannot take or a shared-memory overrun of a candidate config shows here
-and not first on the GPU machine. Skipped where this triton lacks the API or the backend."""
+and not first on the GPU machine. Skipped where this triton lacks the API or the backend. Each
+check runs in a fresh process (tests/kernels/fresh_process.py)."""
 import pytest
 import torch
 
 from llm_kernels.lora import kernels
 from llm_kernels.lora.configs import expand_configs, shrink_configs
+from tests.kernels.fresh_process import run_fresh
 
 H100_SHARED = 227 * 1024
 
 
-def compiled(lazy, signature: dict, constexprs: dict, cfg: dict, monkeypatch):
-    """The kernel compiled for sm_90 with cfg's warps and stages (its helpers built in compiled mode)."""
+def compiled(lazy, signature: dict, constexprs: dict, cfg: dict):
+    """The kernel compiled for sm_90 with cfg's warps and stages (its helpers built in compiled mode:
+    the process runs with TRITON_INTERPRET=0)."""
     triton = pytest.importorskip("triton")
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
     except ImportError as exc:
         pytest.skip(f"this triton has no ahead-of-time compile API: {exc}")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
     lazy[(1,)]  # builds the JIT function and its helpers in compiled mode, launches nothing
     fn = lazy._built[False]
     sig = {**signature, **{k: "constexpr" for k in constexprs}}
@@ -43,21 +45,26 @@ def expand_signature(dt):
     return {"y_ptr": "*fp32", "b_ptr": f"*{dt}", "slots_ptr": "*i32", "out_ptr": f"*{dt}", **{k: "i32" for k in ints}}
 
 
-@pytest.mark.parametrize("dtype,T", [(torch.bfloat16, 64), (torch.bfloat16, 4096), (torch.float32, 64)])
-def test_candidate_configs_compile_for_sm90(dtype, T, monkeypatch):
+@pytest.mark.parametrize("dtype,T", [("bfloat16", 64), ("bfloat16", 4096), ("float32", 64)])
+def test_candidate_configs_compile_for_sm90(dtype, T):
     """Every candidate of a decode and a prefill token count (float32 has one); the shrink with
     its split-K epilogue (the other variant is a subset of its code), once without."""
+    run_fresh(__name__, "check_candidates", dtype, T)
+
+
+def check_candidates(dtype_name: str, T: int) -> None:
+    dtype = getattr(torch, dtype_name)
     dt, fp32 = ("bf16", False) if dtype == torch.bfloat16 else ("fp32", True)
     cuda = torch.device("cuda")  # only read for its type: nothing touches CUDA
     for i, cfg in enumerate(shrink_configs(T, dtype, cuda)):
         for split in (8, 1)[: 2 if i == 0 else 1]:
             k = compiled(kernels._shrink_kernel, shrink_signature(dt),
                          {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": 16, "SPLIT_P2": split, "FP32": fp32},
-                         cfg, monkeypatch)
+                         cfg)
             assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
     for cfg in expand_configs(T, dtype, cuda):
         k = compiled(kernels._expand_kernel, expand_signature(dt),
-                     {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": 16, "FP32": fp32}, cfg, monkeypatch)
+                     {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": 16, "FP32": fp32}, cfg)
         assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
         if not fp32:
             assert "mma" in k.asm["ptx"]  # the expand's dot on tensor cores
