@@ -43,8 +43,10 @@ def w8a16_configs(M: int, dtype, device, block_k: int = 0) -> list:
     hardware conversion costs 0.094 issued instructions a byte for fp16 but 0.141 for bf16,
     64 of them quarter-rate f16 -> bf16 conversions (at most about 77% of the bandwidth by that
     count); the PTX bit moves cost 0.164 at BLOCK_K 128 and 0.140 at 256, all full-rate. So
-    both conversions, 64 weight rows a warpgroup (wgmma M = 64) or 128 on 8 warps, K blocks of
-    128 or 256 bytes, and 4 or 8 programs an SM."""
+    both conversions, 64 weight rows a warpgroup (wgmma M = 64), K blocks of 128 or 256 bytes,
+    and 4 or 8 programs an SM. On an H200, K5 (Qwen2.5-7B's four layers at 1-256 tokens) and E1
+    in FP8 picked only these three; 128-row tiles on 8 warps and native 256-byte blocks at 8
+    programs an SM never won and went."""
     if device.type != "cuda":  # the interpreter: every kernel variant, small tiles
         cands = [w8a16_config(16, 32, 32, split=1), w8a16_config(16, 32, 32, split=3),
                  w8a16_config(16, 16, 64, waves=2, cvt="bits"), w8a16_config(32, 64, 32, split=2, cvt="asm")]
@@ -53,10 +55,7 @@ def w8a16_configs(M: int, dtype, device, block_k: int = 0) -> list:
     else:
         bm = 16 if M <= 16 else min(64, next_pow2(M))
         cands = [w8a16_config(bm, 64, 128), w8a16_config(bm, 64, 256, stages=3, cvt="asm"),
-                 w8a16_config(bm, 64, 128, waves=8, cvt="asm"), w8a16_config(bm, 128, 128, warps=8),
-                 w8a16_config(bm, 128, 256, warps=8, stages=3, cvt="asm")]
-        if M <= 16:
-            cands.append(w8a16_config(bm, 64, 256, stages=3, waves=8))
+                 w8a16_config(bm, 64, 128, waves=8, cvt="asm")]
     if block_k:
         cands = [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
     return cands
