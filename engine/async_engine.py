@@ -6,8 +6,9 @@ import asyncio
 import logging
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineError, InvalidInputError
+from engine.errors import EngineDeadError, EngineError
 from engine.llm_engine import LLMEngine
+from engine.lora.manager import check_lora_request
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -155,9 +156,7 @@ class AsyncLLMEngine:
         found then, not by a request). Blocking (its files are read): call it before requests run.
         LoRAError naming what is wrong; kept in the host cache while max_cpu_loras leaves room."""
         manager = self.engine.lora
-        if manager is None:
-            raise InvalidInputError(f"LoRA adapter {lora_request.lora_name!r} given but adapters are not enabled "
-                                    "(enable_lora=True)", field="lora_request")
+        check_lora_request(manager, lora_request)
         adapter = manager.load(lora_request)
         if not manager.cached(lora_request) and len(manager.cpu) < manager.max_cpu:
             manager.put(adapter)

@@ -29,10 +29,6 @@ class LoRAAdapter:
     rank: int  # the largest rank of its pairs
     pairs: dict[tuple[str, object], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
-
 
 def _fail(request: LoRARequest, reason: str, message: str) -> LoRAError:
     return LoRAError(f"LoRA adapter {request.lora_name!r} ({request.lora_path}): {message}",

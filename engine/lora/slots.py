@@ -51,8 +51,3 @@ class LoRASlots:
                 linear.shard_offset(shard), linear.shard_offset(shard) + linear.output_sizes[shard])
             w.a[slot, col : col + r].copy_(a, non_blocking=True)
             w.b[slot, rows, col : col + r].copy_(b, non_blocking=True)
-
-    def detach(self) -> None:
-        """Take the slots off the linears (the model runs without adapters again)."""
-        for linear in self.linears.values():
-            linear.lora = None

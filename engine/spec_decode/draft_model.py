@@ -69,10 +69,6 @@ class DraftModel:
         return cls(speculative.model, engine.spec, engine.tokenizer, engine.dtype, engine.device, config.block_size,
                    engine.max_model_len, config.max_num_seqs, budget, config.seed)
 
-    @property
-    def spec(self):
-        return self.model.spec
-
     @torch.inference_mode()
     def fill(self, seqs: list) -> None:
         """Each sequence's spec_token_ids (placeholders, as many as the scheduler fitted) become
