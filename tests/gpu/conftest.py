@@ -57,6 +57,18 @@ def cases(default: list[tuple], every: list[tuple]) -> list:
     return list(default) + [slow(*c) for c in every if c not in default]
 
 
+@pytest.fixture(autouse=True)
+def _gpu_turn(request):
+    """Under pytest-xdist the workers share the GPU; a test marked gpu_exclusive runs alone (sharing.py)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not torch.cuda.is_available():
+        yield
+        return
+    from tests.gpu.sharing import gpu_turn
+
+    with gpu_turn(request.node.get_closest_marker("gpu_exclusive") is not None):
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -125,6 +125,7 @@ def test_one_host_sync_per_decode_step(ckpt, ahead):
     assert eng.stats()["num_async_steps"] - launched == (10 if ahead else 0)
 
 
+@pytest.mark.gpu_exclusive
 def test_kv_sized_from_profile_within_utilization(ckpt):
     """The engine fills about gpu_memory_utilization of the GPU, never more;
     a lower fraction gives fewer blocks."""
@@ -150,6 +151,7 @@ def test_kv_sized_from_profile_within_utilization(ckpt):
     assert blocks[lo] < blocks[hi]
 
 
+@pytest.mark.gpu_exclusive
 def test_out_of_memory_fails_alone_and_engine_recovers(tmp_path):
     """A prompt whose prefill cannot fit the memory left fails with out_of_memory;
     the requests batched with it and the requests after it run."""
@@ -161,8 +163,8 @@ def test_out_of_memory_fails_alone_and_engine_recovers(tmp_path):
                                  max_num_seqs=8))
     huge = {"prompt_token_ids": [5] * 290000}  # MLP activations alone: 290k x 16k x 2 bytes = 9 GB
     small = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    free, total = torch.cuda.mem_get_info()
-    cap = (total - free + 4 * 2**30) / total  # 4 GiB more than in use now
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = (torch.cuda.memory_reserved() + 4 * 2**30) / total  # this process: 4 GiB more than it holds now
     torch.cuda.set_per_process_memory_fraction(cap)
     try:
         eng.add_request("huge", huge, small)
