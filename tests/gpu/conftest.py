@@ -32,6 +32,17 @@ def gen():
     return g
 
 
+@pytest.fixture(scope="module")
+def qwen2_ckpt(tmp_path_factory):
+    """A small random Qwen2 checkpoint (3 layers, hidden 256, 8 query heads over 2 KV heads),
+    made once per module: the engine tests' model (fast paths, logprobs, mixed graphs, speculation)."""
+    from tests import models
+
+    return models.make_checkpoint(str(tmp_path_factory.mktemp("qwen2") / "qwen2"), "qwen2", seed=11,
+                                  hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                                  num_key_value_heads=2, num_hidden_layers=3)
+
+
 @pytest.fixture
 def poison_cuda_alloc(monkeypatch):
     """Fresh CUDA allocations come back NaN-filled, so unwritten outputs fail."""

@@ -13,20 +13,13 @@ from engine import LLM, LLMEngine, EngineConfig, SamplingParams
 from tests import models
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return models.make_checkpoint(str(tmp_path_factory.mktemp("fast") / "qwen2"), "qwen2", seed=11,
-                                  hidden_size=256, intermediate_size=512, num_attention_heads=8,
-                                  num_key_value_heads=2, num_hidden_layers=3)
-
-
 def _prompts(n, seed=0):
     rng = random.Random(seed)
     return [{"prompt_token_ids": [rng.randrange(5, 400) for _ in range(rng.randrange(3, 90))]} for _ in range(n)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graphs_match_eager(ckpt, dtype):
+def test_graphs_match_eager(qwen2_ckpt, dtype):
     """Batches of 1..37 (graph padding at sizes between the ladder's rungs),
     greedy and seeded sampling, a shared prefix: the same tokens with and
     without CUDA graphs, logprobs equal to rounding."""
@@ -37,7 +30,7 @@ def test_graphs_match_eager(ckpt, dtype):
     seeded = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True)
     outs = {}
     for eager in (True, False):
-        llm = LLM(ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=48, enforce_eager=eager)
+        llm = LLM(qwen2_ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=48, enforce_eager=eager)
         assert (llm.engine.runner.graphs is None) == eager
         res = [llm.generate(prompts[:k], greedy) for k in (1, 3, 37)] + [llm.generate(prompts, greedy)]
         res.append(llm.generate(prompts[:9], seeded))
@@ -78,14 +71,14 @@ def test_graphs_match_eager(ckpt, dtype):
 
 
 @pytest.mark.parametrize("ahead", [False, True])
-def test_one_host_sync_per_decode_step(ckpt, ahead):
+def test_one_host_sync_per_decode_step(qwen2_ckpt, ahead):
     """torch's sync debug mode flags every implicit synchronising call: a decode step (graph
     replay, GPU sampling with penalties, logprobs) makes none, and waits once, explicitly, for
     its samples (PendingSamples.result). ahead: requests without penalties, whose steps run
     under asynchronous scheduling (launched before the previous step's wait)."""
     from engine.sampler import PendingSamples
 
-    eng = LLMEngine(EngineConfig(model=ckpt, device="cuda", dtype="bfloat16", num_kv_blocks=512, max_num_seqs=16))
+    eng = LLMEngine(EngineConfig(model=qwen2_ckpt, device="cuda", dtype="bfloat16", num_kv_blocks=512, max_num_seqs=16))
     params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=40, temperature=0.7, top_k=20, seed=1, ignore_eos=True, logprobs=3),
               SamplingParams(max_tokens=40, temperature=1.0, frequency_penalty=0.5, repetition_penalty=1.1,
@@ -126,7 +119,7 @@ def test_one_host_sync_per_decode_step(ckpt, ahead):
 
 
 @pytest.mark.gpu_exclusive
-def test_kv_sized_from_profile_within_utilization(ckpt):
+def test_kv_sized_from_profile_within_utilization(qwen2_ckpt):
     """The engine fills about gpu_memory_utilization of the GPU, never more;
     a lower fraction gives fewer blocks."""
     gc.collect()
@@ -135,7 +128,7 @@ def test_kv_sized_from_profile_within_utilization(ckpt):
     used_before = (total - free) / total
     blocks = {}
     for util in (used_before + 0.10, used_before + 0.20):
-        llm = LLM(ckpt, device="cuda", dtype="bfloat16", gpu_memory_utilization=util, max_num_seqs=32)
+        llm = LLM(qwen2_ckpt, device="cuda", dtype="bfloat16", gpu_memory_utilization=util, max_num_seqs=32)
         eng = llm.engine
         frac = eng.stats()["gpu_memory_fraction"]
         print(f"util {util:.3f}: {eng.stats()['kv_blocks_total']} blocks, in use {frac:.3f}, {eng.memory}")

@@ -8,17 +8,9 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from tests import models
 from tests.gpu.conftest import count_syncs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return models.make_checkpoint(str(tmp_path_factory.mktemp("logprobs") / "qwen2"), "qwen2", seed=11,
-                                  hidden_size=256, intermediate_size=512, num_attention_heads=8,
-                                  num_key_value_heads=2, num_hidden_layers=3)
 
 
 def _prompts(n, seed=0):
@@ -26,8 +18,8 @@ def _prompts(n, seed=0):
     return [{"prompt_token_ids": [rng.randrange(5, 400) for _ in range(rng.randrange(20, 90))]} for _ in range(n)]
 
 
-def test_one_host_sync_per_decode_step_with_logprobs(ckpt):
-    eng = LLMEngine(EngineConfig(model=ckpt, device="cuda", dtype="bfloat16", num_kv_blocks=512, max_num_seqs=16))
+def test_one_host_sync_per_decode_step_with_logprobs(qwen2_ckpt):
+    eng = LLMEngine(EngineConfig(model=qwen2_ckpt, device="cuda", dtype="bfloat16", num_kv_blocks=512, max_num_seqs=16))
     params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=5),
               SamplingParams(max_tokens=40, temperature=0.7, top_k=20, seed=1, ignore_eos=True, logprobs=0),
@@ -54,8 +46,8 @@ def test_one_host_sync_per_decode_step_with_logprobs(ckpt):
     assert counts == [(0, 1)] * 10, (counts, sorted(set(where)))
 
 
-def test_prompt_logprobs_prefill_syncs_once(ckpt):
-    eng = LLMEngine(EngineConfig(model=ckpt, device="cuda", dtype="float32", num_kv_blocks=512, max_num_seqs=8,
+def test_prompt_logprobs_prefill_syncs_once(qwen2_ckpt):
+    eng = LLMEngine(EngineConfig(model=qwen2_ckpt, device="cuda", dtype="float32", num_kv_blocks=512, max_num_seqs=8,
                                  enforce_eager=True))
     prompts = _prompts(3, seed=5)
     eng.add_request("a", prompts[0], SamplingParams(max_tokens=4, prompt_logprobs=3))

@@ -5,18 +5,18 @@ take other GEMM algorithms), and the graphs really ran."""
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.gpu.test_engine_fast_paths import _prompts, ckpt  # noqa: F401 - the shared checkpoint fixture
+from tests.gpu.test_engine_fast_paths import _prompts
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_mixed_graphs_match_eager_mixed_steps(ckpt, dtype):  # noqa: F811
+def test_mixed_graphs_match_eager_mixed_steps(qwen2_ckpt, dtype):
     prompts = _prompts(24, seed=7)
     shared = prompts[0]["prompt_token_ids"] * 3
     prompts += [{"prompt_token_ids": shared + [9, i]} for i in range(4)]  # prefix-cache hits
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=2)
     outs, replays = {}, {}
     for tokens in (0, 256):
-        llm = LLM(ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32,
+        llm = LLM(qwen2_ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32,
                   max_num_batched_tokens=256, max_cudagraph_tokens=tokens)
         mixed = llm.engine.runner.mixed
         assert (mixed is None) == (tokens == 0)

@@ -62,26 +62,27 @@ def awq(gen):
     return _awq(H, 2 * INTER, gen, torch.bfloat16), _awq(INTER, H, gen, torch.bfloat16)
 
 
+def check_bf16(fn, reference, weights, T, gen):
+    """fn against its reference on T random bfloat16 tokens routed by routing()."""
+    w13, w2 = weights
+    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+    tw, ti = routing(T, gen)
+    out = fn(x, w13, w2, tw, ti)
+    check(out, reference(x, w13, w2, tw, ti), torch.bfloat16, f"{fn.__name__} T={T}")
+
+
 @pytest.mark.parametrize("T", [1, 256, slow(16), slow(1024)])
 def test_fused_moe_dense_bf16(T, dense, gen):
     from llm_kernels.moe import fused_moe, fused_moe_reference
 
-    w13, w2 = dense
-    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
-    tw, ti = routing(T, gen)
-    out = fused_moe(x, w13, w2, tw, ti)
-    check(out, fused_moe_reference(x, w13, w2, tw, ti), torch.bfloat16, f"fused_moe T={T}")
+    check_bf16(fused_moe, fused_moe_reference, dense, T, gen)
 
 
 @pytest.mark.parametrize("T", [1, 256, slow(16), slow(1024)])
 def test_fused_moe_awq_g128_bf16(T, awq, gen):
     from llm_kernels.moe import fused_moe_awq, fused_moe_awq_reference
 
-    w13, w2 = awq
-    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
-    tw, ti = routing(T, gen)
-    out = fused_moe_awq(x, w13, w2, tw, ti)
-    check(out, fused_moe_awq_reference(x, w13, w2, tw, ti), torch.bfloat16, f"fused_moe_awq T={T}")
+    check_bf16(fused_moe_awq, fused_moe_awq_reference, awq, T, gen)
 
 
 def test_fused_moe_fp16_and_every_candidate_config(dense, gen):

@@ -9,21 +9,21 @@ import pytest
 
 from engine import LLM, SamplingParams
 from tests.engine.spec_decode.oracle import use_oracle
-from tests.gpu.test_engine_fast_paths import _prompts, ckpt  # noqa: F401 - the shared checkpoint fixture
+from tests.gpu.test_engine_fast_paths import _prompts
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_verify_steps_keep_greedy_tokens(ckpt, dtype, monkeypatch):  # noqa: F811
+def test_verify_steps_keep_greedy_tokens(qwen2_ckpt, dtype, monkeypatch):
     prompts = _prompts(12, seed=5)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=2)
-    plain = LLM(ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32)
+    plain = LLM(qwen2_ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32)
     ref = plain.generate(prompts, params)
     del plain
     use_oracle(monkeypatch, {tuple(p["prompt_token_ids"]): r.outputs[0].token_ids for p, r in zip(prompts, ref)},
                400)
-    llm = LLM(ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32, speculative_config=NGRAM)
+    llm = LLM(qwen2_ckpt, device="cuda", dtype=dtype, num_kv_blocks=1024, max_num_seqs=32, speculative_config=NGRAM)
     got = llm.generate(prompts[:1], params) + llm.generate(prompts[1:4], params) + llm.generate(prompts[4:], params)
     st = llm.stats()
     assert st["kv_blocks_free"] == st["kv_blocks_total"]
@@ -44,16 +44,16 @@ def test_verify_steps_keep_greedy_tokens(ckpt, dtype, monkeypatch):  # noqa: F81
     # tiny model's top two logits are often within bfloat16's rounding; float32: none)
 
 
-def test_a_draft_model_on_cuda_keeps_greedy_tokens(ckpt):  # noqa: F811
+def test_a_draft_model_on_cuda_keeps_greedy_tokens(qwen2_ckpt):
     """The target drafting for itself (its draft runner eager, the target's steps in CUDA graphs):
     float32 tokens unchanged, nearly every draft accepted."""
     prompts = _prompts(6, seed=7)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    plain = LLM(ckpt, device="cuda", dtype="float32", num_kv_blocks=1024, max_num_seqs=32)
+    plain = LLM(qwen2_ckpt, device="cuda", dtype="float32", num_kv_blocks=1024, max_num_seqs=32)
     ref = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
     del plain
-    llm = LLM(ckpt, device="cuda", dtype="float32", num_kv_blocks=1024, max_num_seqs=32,
-              speculative_config={"method": "draft_model", "model": ckpt, "num_speculative_tokens": 4,
+    llm = LLM(qwen2_ckpt, device="cuda", dtype="float32", num_kv_blocks=1024, max_num_seqs=32,
+              speculative_config={"method": "draft_model", "model": qwen2_ckpt, "num_speculative_tokens": 4,
                                   "disable_by_batch_size": 64})
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     st = llm.stats()
