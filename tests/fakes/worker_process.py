@@ -3,6 +3,7 @@ for tests (an engine step that raises as a dead GPU would) applied before the ha
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +92,17 @@ class WorkerProcess:
             except OSError:
                 assert time.monotonic() < deadline and self.proc.poll() is None, self.output[-3000:]
                 time.sleep(0.2)
+
+    def serve_until(self, fake, done, timeout: float, what: str) -> int:
+        """Serve the fake control plane until `done` holds (fake.wait_for: fails naming `what`
+        after `timeout` s), then stop as RunPod does, with SIGTERM: the exit status. A worker
+        still running after that (the wait failed, or it took over 60 s to exit) is killed."""
+        try:
+            fake.wait_for(done, timeout, what)
+            self.proc.send_signal(signal.SIGTERM)
+            return self.wait(60)
+        finally:
+            self.stop()
 
     def stop(self):
         if self.proc.poll() is None:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 
 import pytest
 
@@ -62,12 +61,7 @@ def clean_run(tiny_llama_dir):
         for jid, job_input in JOBS.items():
             fake.submit(job_input, jid)
         proc = start(fake, tiny_llama_dir, None)
-        try:
-            fake.wait_for(fake.all_final, 120, "every job final")
-            proc.proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(60)
-        finally:
-            proc.stop()
+        rc = proc.serve_until(fake, fake.all_final, 120, "every job final")
     assert rc == 0 and not log_problems(proc.output), proc.output[-3000:]
     texts = {}
     for jid, job in fake.jobs.items():

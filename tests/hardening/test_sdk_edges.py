@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import threading
 import time
 
@@ -32,12 +31,7 @@ def test_a_batch_with_unparseable_jobs_runs_the_good_ones_and_fails_the_bad_ones
         fake.submit_raw(BAD_UTF8_INPUT, "bad-utf8")
         fake.submit(GOOD, "good-2")
         proc = WorkerProcess({**fake.worker_env(), **ENV, "MODEL_NAME": tiny_llama_dir})
-        try:
-            fake.wait_for(fake.all_final, 60, "every job of the batch final")
-            proc.proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(60)
-        finally:
-            proc.stop()
+        rc = proc.serve_until(fake, fake.all_final, 60, "every job of the batch final")
     assert_clean_exit(fake, proc, rc)
     first = fake.takes[0]
     assert first["batch"] and int(first["batch_size"]) >= 4, fake.takes

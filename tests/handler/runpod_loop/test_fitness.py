@@ -5,7 +5,6 @@ fatal. Then the real `python -m handler` in production mode, its checks on and 8
 unreachable, against the fake control plane: it starts and completes a job."""
 import asyncio
 import logging
-import signal
 import textwrap
 
 import pytest
@@ -112,12 +111,7 @@ def test_the_worker_starts_and_serves_with_its_checks_on_and_no_public_dns(tiny_
         env[SKIP] = "false"  # the checks run, as on RunPod
         fake.submit({"prompt": "Meeting notes:", "sampling_params": {"max_tokens": 4, "ignore_eos": True}}, "job")
         proc = WorkerProcess(env)
-        try:
-            fake.wait_for(lambda: fake.jobs["job"].status == "COMPLETED", 120, "the job completed")
-            proc.proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(60)
-        finally:
-            proc.stop()
+        rc = proc.serve_until(fake, lambda: fake.jobs["job"].status == "COMPLETED", 120, "the job completed")
     out = proc.output
     assert rc == 0, out[-3000:]
     assert "no public network" in out and "Network is unreachable" in out, out[-3000:]
