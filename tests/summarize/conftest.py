@@ -21,12 +21,20 @@ def local_env(monkeypatch, tiny_llama_dir, tmp_path):
     return tmp_path
 
 
-def fake_api(fake_cls, model_dir):
-    """A fake of RunPod's API (tests/fakes) whose jobs run on a worker of the tiny model."""
-    from handler.worker import Worker
-    from tests.handler.conftest import settings_for
+def fake_api_fixture(fake_cls):
+    """A module-scoped fixture: a fake of RunPod's API (fake_cls, from tests/fakes) whose jobs run
+    on a worker of the tiny model, started once for the module's tests. Bind it to the fixture's
+    name in the test module: `rest_api = fake_api_fixture(FakeRestAPI)`."""
 
-    return fake_cls(lambda **env: Worker(settings_for(model_dir, **{**ENV, **env})))
+    @pytest.fixture(scope="module")
+    def api(tiny_llama_dir):
+        from handler.worker import Worker
+        from tests.handler.conftest import settings_for
+
+        with fake_cls(lambda **env: Worker(settings_for(tiny_llama_dir, **{**ENV, **env}))) as fake:
+            yield fake
+
+    return api
 
 
 def point_client_at(api, monkeypatch) -> None:

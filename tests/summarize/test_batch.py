@@ -19,15 +19,12 @@ from summarize.batch_state import state_path
 from summarize.store import ResultStore
 from tests.fakes import runpod_batch_api as fake_batch
 from tests.fakes.runpod_batch_api import FakeBatchAPI
-from tests.summarize.conftest import fake_api, point_client_at
+from tests.summarize.conftest import fake_api_fixture, point_client_at
 from tests.summarize.notes import (
     EXPECTED, KOREAN, SENTENCES, by_doc, check_line, make_notes, read_lines, summarize)
 
 
-@pytest.fixture(scope="module")
-def batch_api(tiny_llama_dir):
-    with fake_api(FakeBatchAPI, tiny_llama_dir) as api:
-        yield api
+batch_api = fake_api_fixture(FakeBatchAPI)
 
 
 @pytest.fixture

@@ -12,14 +12,11 @@ import pytest
 import runpod  # imported first, as in a user's program: the base URL is read when the command runs
 
 from tests.fakes.runpod_rest_api import FakeRestAPI
-from tests.summarize.conftest import fake_api, point_client_at
+from tests.summarize.conftest import fake_api_fixture, point_client_at
 from tests.summarize.notes import EXPECTED, KOREAN, by_doc, check_line, make_notes, read_lines, summarize
 
 
-@pytest.fixture(scope="module")
-def rest_api(tiny_llama_dir):
-    with fake_api(FakeRestAPI, tiny_llama_dir) as api:
-        yield api
+rest_api = fake_api_fixture(FakeRestAPI)
 
 
 @pytest.fixture
