@@ -17,7 +17,7 @@ from engine.model.layers.moe import FusedMoE
 from engine.model.loader import load_weights, read_model_spec
 from engine.model.qwen3_moe import Qwen3MoeForCausalLM, SparseMoeBlock
 from tests import models
-from tests.engine.test_parity import LENGTHS, MAX_NEW, random_prompts, reference
+from tests.engine.test_parity import LENGTHS, MAX_NEW, check_greedy_parity, random_prompts, reference
 from tests.engine.test_parity import run_engine as run
 
 MOE = dict(num_hidden_layers=3, intermediate_size=96, head_dim=32, num_experts=8, num_experts_per_tok=2,
@@ -81,10 +81,7 @@ def test_sparse_layers_follow_the_config(moe_dir):
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_greedy_matches_transformers(moe_dir, block_size):
-    prompts = random_prompts(block_size, 400)
-    got, _ = run(moe_dir, prompts, block_size=block_size, num_kv_blocks=2048 // block_size)
-    for prompt, tokens in zip(prompts, got):
-        assert tokens == reference(moe_dir, prompt), f"prompt of {len(prompt)} tokens"
+    check_greedy_parity(moe_dir, block_size)
 
 
 def test_chunked_prefill_with_prefix_caching_matches(moe_dir):
