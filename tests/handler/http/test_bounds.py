@@ -6,6 +6,7 @@ malformed request logged as one WARNING line, never an ERROR with a traceback.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -36,7 +37,9 @@ class FakeWorker:
         pass
 
 
+@contextlib.asynccontextmanager
 async def serving(worker):
+    """`worker`'s local endpoint served on 127.0.0.1 for the block's time: (endpoint, port)."""
     from handler.http.endpoint import LocalEndpoint
     from handler.http.server import make_app
 
@@ -45,7 +48,10 @@ async def serving(worker):
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    return endpoint, runner, runner.addresses[0][1]
+    try:
+        yield endpoint, runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
 
 
 async def post(session, port, path, body) -> tuple[int, dict]:
@@ -56,8 +62,7 @@ async def post(session, port, path, body) -> tuple[int, dict]:
 def test_the_queue_has_a_cap_past_which_run_answers_429(loop):
     async def main():
         worker = FakeWorker(SERVE_MAX_QUEUED_JOBS="3")
-        endpoint, runner, port = await serving(worker)
-        try:
+        async with serving(worker) as (endpoint, port):
             async with ClientSession() as session:
                 answers = [await post(session, port, "/run", {"input": {"n": i}}) for i in range(5)]
                 codes = [code for code, _ in answers]
@@ -67,8 +72,6 @@ def test_the_queue_has_a_cap_past_which_run_answers_429(loop):
                 for _, body in answers[:4]:
                     assert await endpoint.wait_final(endpoint.get(body["id"]), 10)
                 assert (await post(session, port, "/run", {"input": {}}))[0] == 200  # room again
-        finally:
-            await runner.cleanup()
 
     loop.run_until_complete(main())
 
@@ -77,8 +80,7 @@ def test_retained_bytes_have_a_cap_the_oldest_finished_jobs_go_first(loop):
     async def main():
         worker = FakeWorker(SERVE_MAX_RETAINED_MB="1")
         worker.gate.set()
-        endpoint, runner, port = await serving(worker)
-        try:
+        async with serving(worker) as (endpoint, port):
             async with ClientSession() as session:
                 ids = []
                 for i in range(6):  # each result about 300 kB: 1 MB holds three
@@ -100,8 +102,6 @@ def test_retained_bytes_have_a_cap_the_oldest_finished_jobs_go_first(loop):
                 code, body = await post(session, port, "/run", big)
                 assert code == 429 and "SERVE_MAX_RETAINED_MB" in body["error"], body
                 worker.gate.set()
-        finally:
-            await runner.cleanup()
 
     loop.run_until_complete(main())
 
@@ -109,8 +109,7 @@ def test_retained_bytes_have_a_cap_the_oldest_finished_jobs_go_first(loop):
 def test_a_body_that_arrives_too_slowly_is_answered_408(loop):
     async def main():
         worker = FakeWorker(SERVE_BODY_TIMEOUT_S="0.5")
-        endpoint, runner, port = await serving(worker)
-        try:
+        async with serving(worker) as (endpoint, port):
             def slow_sender() -> tuple[bytes, float]:
                 s = socket.create_connection(("127.0.0.1", port), timeout=10)
                 t0 = time.monotonic()
@@ -124,16 +123,13 @@ def test_a_body_that_arrives_too_slowly_is_answered_408(loop):
             assert reply.startswith(b"HTTP/1.1 408") and b"SERVE_BODY_TIMEOUT_S" in reply, reply
             assert took < 3, took
             assert not endpoint.store.jobs
-        finally:
-            await runner.cleanup()
 
     loop.run_until_complete(main())
 
 
 def test_a_malformed_request_is_one_warning_line(loop, caplog):
     async def main():
-        endpoint, runner, port = await serving(FakeWorker())
-        try:
+        async with serving(FakeWorker()) as (endpoint, port):
             def send(raw: bytes) -> bytes:
                 s = socket.create_connection(("127.0.0.1", port), timeout=10)
                 s.sendall(raw)
@@ -145,8 +141,6 @@ def test_a_malformed_request_is_one_warning_line(loop, caplog):
                         b"GET /v2/ep/health HTTP/1.1\r\nHost: x\r\nX-Bad\x01: y\r\n\r\n"):
                 reply = await asyncio.get_running_loop().run_in_executor(None, send, raw)
                 assert reply.startswith(b"HTTP/1.") and b" 400 " in reply[:20], reply
-        finally:
-            await runner.cleanup()
 
     caplog.set_level(logging.DEBUG)
     loop.run_until_complete(main())
