@@ -291,26 +291,28 @@ HUB_JSON = REPO / ".runpod" / "hub.json"
 # Shown first in the Hub's form; the rest go under "advanced".
 PRIMARY = {"MODEL_NAME", "MODEL_REVISION", "QUANTIZATION", "HF_TOKEN", "MAX_MODEL_LEN", "GPU_MEMORY_UTILIZATION",
            "MAX_NUM_SEQS", "MAX_CONCURRENCY", "DEFAULT_MAX_TOKENS", "ENABLE_PREFIX_CACHING", "BASE_PATH"}
+
+
+def _image_var(key: str, name: str, kind: str, description: str, **values) -> dict:
+    """A Hub env entry, under "advanced", for a variable the image reads (values: a boolean's
+    trueValue and falseValue)."""
+    return {"key": key, "input": {"name": name, "type": kind, "advanced": True, **values, "description": description}}
+
+
 # Variables the image itself reads besides the worker's settings.
 IMAGE_ENV = (
-    {"key": "HF_HUB_OFFLINE", "input": {
-        "name": "HF hub offline", "type": "boolean", "advanced": True, "trueValue": "1", "falseValue": "0",
-        "description": "Never contact the Hugging Face hub. Unset: on when the model baked into the image is "
-                       "served, off otherwise."}},
-    {"key": "HF_HOME", "input": {
-        "name": "HF home", "type": "string", "advanced": True,
-        "description": "Hugging Face cache folder. Unset: BASE_PATH/huggingface-cache."}},
-    {"key": "LLM_KERNELS_CACHE_DIR", "input": {
-        "name": "Kernel tuning cache", "type": "string", "advanced": True,
-        "description": "Folder of the kernels' tuned configs, kept for the next worker on the same GPU model "
-                       "(empty: off). Unset: BASE_PATH/llm-kernels-cache, else ~/.cache/llm_kernels."}},
-    {"key": "TRITON_CACHE_DIR", "input": {
-        "name": "Triton cache", "type": "string", "advanced": True,
-        "description": "Folder of Triton's compiled kernels. Unset: BASE_PATH/triton-cache, else ~/.triton/cache."}},
-    {"key": "XDG_CACHE_HOME", "input": {
-        "name": "XDG cache home", "type": "string", "advanced": True,
-        "description": "Second place the default model is looked for and prepared (after BASE_PATH). Unset: "
-                       "the baked default model's folder while it is served, else ~/.cache. Leave it unset."}},
+    _image_var("HF_HUB_OFFLINE", "HF hub offline", "boolean",
+               "Never contact the Hugging Face hub. Unset: on when the model baked into the image is served, "
+               "off otherwise.", trueValue="1", falseValue="0"),
+    _image_var("HF_HOME", "HF home", "string", "Hugging Face cache folder. Unset: BASE_PATH/huggingface-cache."),
+    _image_var("LLM_KERNELS_CACHE_DIR", "Kernel tuning cache", "string",
+               "Folder of the kernels' tuned configs, kept for the next worker on the same GPU model (empty: off). "
+               "Unset: BASE_PATH/llm-kernels-cache, else ~/.cache/llm_kernels."),
+    _image_var("TRITON_CACHE_DIR", "Triton cache", "string",
+               "Folder of Triton's compiled kernels. Unset: BASE_PATH/triton-cache, else ~/.triton/cache."),
+    _image_var("XDG_CACHE_HOME", "XDG cache home", "string",
+               "Second place the default model is looked for and prepared (after BASE_PATH). Unset: the baked "
+               "default model's folder while it is served, else ~/.cache. Leave it unset."),
 )
 _WORDS = {"XDG": "XDG", "GPU": "GPU", "KV": "KV", "HF": "HF", "TTL": "TTL", "OPENAI": "OpenAI", "DTYPE": "Dtype", "S": "(s)",
           "LORA": "LoRA", "LORAS": "LoRAs", "CPU": "CPU",
