@@ -43,22 +43,35 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     return logits
 
 
-def _filter(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
-    p = seq.params
-    logits = (logits - logits.max()) / p.temperature  # max first: a tiny temperature gives -inf, never inf - inf
-    vocab = logits.shape[-1]
-    if 0 < p.top_k < vocab:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, -1)
-        drop = probs.cumsum(-1) - probs > p.top_p  # keep the token that crosses top_p
-        logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
-    if p.min_p > 0.0:
-        probs = torch.softmax(logits, -1)
-        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
-    return logits
+def _values(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-row parameters [R, 1] in like's dtype, on its device without waiting."""
+    t = torch.tensor(values, dtype=like.dtype).unsqueeze(1)
+    return t if like.device.type == "cpu" else t.to(like.device, non_blocking=True)
+
+
+def _filter_rows(z: torch.Tensor, params: list) -> torch.Tensor:
+    """Rows [R, V] (float32) of sampled requests, each through its own temperature, then top-k,
+    top-p and min-p (as vLLM orders them); a filter no row uses costs nothing."""
+    z = (z - z.max(-1, keepdim=True).values) / _values([p.temperature for p in params], z)  # max first: a tiny temperature gives -inf, never inf - inf
+    vocab = z.shape[-1]
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        top = torch.topk(z, max(ks), dim=-1).values
+        kth = top.gather(1, _ids([max(k, 1) - 1 for k in ks], z.device).unsqueeze(1))
+        kth = kth.masked_fill(_values([float(k == 0) for k in ks], z) > 0, float("-inf"))  # rows without top-k keep all
+        z = z.masked_fill(z < kth, float("-inf"))
+    if any(p.top_p < 1.0 for p in params):
+        sorted_z, idx = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, -1)
+        # keep the token that crosses top_p; rows at top_p 1 drop nothing (a cumsum may round past 1)
+        drop = (probs.cumsum(-1) - probs > _values([p.top_p for p in params], z)) \
+            & (_values([float(p.top_p < 1.0) for p in params], z) > 0)
+        z = z.scatter(-1, idx, sorted_z.masked_fill(drop, float("-inf")))
+    if any(p.min_p > 0.0 for p in params):
+        probs = torch.softmax(z, -1)
+        z = z.masked_fill(probs < _values([p.min_p for p in params], z) * probs.max(-1, keepdim=True).values,
+                          float("-inf"))
+    return z
 
 
 class Sampler:
@@ -106,6 +119,28 @@ class Sampler:
                 x[row].index_fill_(0, _ids(banned, logits.device), float("-inf"))  # a scalar: no host-to-device copy
         return x
 
+    def _draw(self, x: torch.Tensor, seqs: list[Sequence], rows: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """tokens with the sampled rows' tokens drawn: argmax(probs / E), E ~ Exp(1), all rows in
+        one pass; the requests with a seed draw their E from their own generator (a row each,
+        so a seeded request's tokens do not depend on its batch), the others from one draw."""
+        dev = x.device
+        idx = _ids(rows, dev)
+        params = [seqs[r].params for r in rows]
+        probs = torch.softmax(_filter_rows(x.index_select(0, idx).float(), params), -1)
+        noise = torch.empty_like(probs)
+        shared = [i for i, p in enumerate(params) if p.seed is None]
+        if shared:
+            gen = self._generator(seqs[rows[shared[0]]], dev)
+            if len(shared) == len(rows):
+                noise.exponential_(generator=gen)
+            else:
+                noise.index_copy_(0, _ids(shared, dev), torch.empty(len(shared), probs.shape[1], device=dev)
+                                  .exponential_(generator=gen))
+        for i, p in enumerate(params):
+            if p.seed is not None:
+                noise[i].exponential_(generator=self._generator(seqs[rows[i]], dev))
+        return tokens.index_copy(0, idx, (probs / noise).argmax(dim=-1).to(tokens.dtype))
+
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], prompt: PromptRows | None = None,
                masks=None) -> list[SampleResult]:
         """logits [S, V] for S requests, in order (then prompt.num_rows rows predicting prompt
@@ -132,10 +167,8 @@ class Sampler:
         sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
         if x is not logits:
             tokens = x.argmax(dim=-1)
-        for row in sampled:
-            probs = torch.softmax(_filter(x[row].float(), seqs[row]), -1)
-            noise = torch.empty_like(probs).exponential_(generator=self._generator(seqs[row], dev))
-            tokens[row] = (probs / noise).argmax()
+        if sampled:
+            tokens = self._draw(x, seqs, sampled, tokens)
         if x is not logits or sampled:  # the chosen tokens' raw logprobs, from the same lse
             chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float() - lse
             packed = torch.stack([tokens.double(), chosen.double(), packed[:, 2]], 1)
