@@ -2,7 +2,7 @@
 InvalidInputError naming `speculative_config.<field>`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from engine.errors import InvalidInputError
@@ -10,11 +10,13 @@ from engine.validation import is_int, is_number
 
 FIELD = "speculative_config"
 METHODS = ("ngram", "draft_model")
-# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size):
-# on the 2-core CPU verify steps of 5 positions still paid at 8 summaries decoding together
-# (1.18x decode speed, 1.04x end to end; benchmarks/spec_decode.py, S1-x), so no smaller
-# switch; a GPU's crossover is S2's to measure
-DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size), by
+# device when not given. CPU (2 cores): verify steps of 5 positions still paid at 8 summaries
+# decoding together (1.18x decode speed, 1.04x end to end; benchmarks/spec_decode.py, S1-x).
+# CUDA: a verify step of 5 positions a request cost 0.99-1.02x a decode step at every batch
+# from 1 to 64 (benchmarks/spec_verify.py, S2, Qwen2.5-7B-AWQ shapes on an H100), so up to 64
+# it pays at any acceptance; above, unmeasured: off
+DEFAULT_DISABLE_BY_BATCH_SIZE = {"cpu": 8, "cuda": 64}
 LOOKUP_MIN, LOOKUP_MAX = 2, 4  # the n-grams looked up when neither bound is given
 
 
@@ -29,7 +31,7 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: the small model of the same tokenizer that drafts (a folder or hub id)
     prompt_lookup_max: int = LOOKUP_MAX  # longest n-gram looked up (ngram)
     prompt_lookup_min: int = LOOKUP_MIN  # shortest n-gram looked up (ngram)
-    disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    disable_by_batch_size: int | None = None  # None: the device's (DEFAULT_DISABLE_BY_BATCH_SIZE)
     # ours: a request whose last `acceptance_window` drafted tokens were accepted less often than
     # this pauses its drafts for as many steps (then tries again); 0: never pauses
     min_acceptance_rate: float = 0.2
@@ -39,8 +41,11 @@ class SpeculativeConfig:
     opt_in: bool = False
 
     @classmethod
-    def from_value(cls, value: Any) -> "SpeculativeConfig | None":
-        """A SpeculativeConfig from a dict (vLLM's keys), an instance, or None."""
+    def from_value(cls, value: Any, device: str | None = None) -> "SpeculativeConfig | None":
+        """A SpeculativeConfig from a dict (vLLM's keys), an instance, or None; with device (an engine's,
+        "cuda:0", "cpu"), disable_by_batch_size set to that device's default when not given."""
+        if value is not None and device is not None:
+            return cls.from_value(value).for_device(device.split(":")[0])
         if value is None or isinstance(value, cls):
             return value
         if not isinstance(value, dict):
@@ -69,6 +74,8 @@ class SpeculativeConfig:
                                 ("prompt_lookup_min", 1, 64), ("disable_by_batch_size", 1, 1 << 20),
                                 ("acceptance_window", 1, 1 << 20)):
             v = getattr(self, name)
+            if name == "disable_by_batch_size" and v is None:
+                continue
             if not (is_int(v) and low <= v <= high):
                 _fail(name, f"must be an integer in [{low}, {high}], got {v!r}")
         if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
@@ -82,3 +89,9 @@ class SpeculativeConfig:
             _fail("min_acceptance_rate", f"must be a number in [0, 1], got {self.min_acceptance_rate!r}")
         if not isinstance(self.opt_in, bool):
             _fail("opt_in", "must be true or false")
+
+    def for_device(self, device_type: str) -> "SpeculativeConfig":
+        """This config with disable_by_batch_size set: the device's default when not given."""
+        if self.disable_by_batch_size is not None:
+            return self
+        return replace(self, disable_by_batch_size=DEFAULT_DISABLE_BY_BATCH_SIZE.get(device_type, 8))
