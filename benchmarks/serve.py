@@ -7,6 +7,8 @@ side, every figure a ratio to the workload's floor or to a peer measured in the 
 E1: Qwen2.5-7B-AWQ shapes at concurrency 10 and 50, peer HF bf16 static batch.
 E1-fmt: E1 in each weight format of --e1-weights (when it names more than AWQ), peer the bf16
     row of the same run.
+E1-spec (--spec-too): E1 again with n-gram speculation on, peer the E1 row of the same run
+    (no more than 3% slower: above its batch-size switch speculation turns itself off).
 E2: Llama-3-70B-AWQ shapes at concurrency 50 (no peer).
 E3: 768-token sequences in a 20 GB KV budget, our block manager vs reserving
     max_model_len=4096 per sequence (host only, no GPU needed).
@@ -298,6 +300,8 @@ def e1_row(rid: str, r: dict, case: str, peer_tok_s, target_floor, target_peer) 
 FMT_TARGETS = {("awq", 10): (None, 1.8), ("awq", 50): (None, 1.05), ("fp8", 10): (None, 1.35),
                ("fp8", 50): (None, 1.15), ("bf16", 10): (0.75, None), ("bf16", 50): (0.80, None)}
 FMT_NAMES = {"awq": "AWQ", "fp8": "FP8", "bf16": "bf16"}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+SPEC_TARGET_PEER = 0.97  # x the same run without speculation: no workload more than 3% slower with it on
 
 
 def e1_rows(args, bw, peak) -> list[dict]:
@@ -320,6 +324,13 @@ def e1_rows(args, bw, peak) -> list[dict]:
             "E1-eager", QWEN25_7B, args.concurrency, args.requests_per_client, args.prompt_len, args.output_len, bw,
             peak, peers, eager=True, profile=False)))
     rows = []
+    if "awq" in runs and args.spec_too:  # the same run with n-gram speculation on (its batch-size switch at work)
+        plain = {r["concurrency"]: r["tok_s"] for r in runs["awq"]}
+        for r in run_engine_workload("E1-spec", QWEN25_7B, args.concurrency, args.requests_per_client,
+                                     args.prompt_len, args.output_len, bw, peak, peers, speculative_config=NGRAM):
+            c = r["concurrency"]
+            rows.append(e1_row("E1-spec", r, f"Qwen2.5-7B-AWQ c={c} ngram speculation", plain[c], None,
+                               SPEC_TARGET_PEER))
     for suffix, rs in [("", runs.get("awq", []))] + [(" " + v, rs) for v, rs in variants]:
         for r in rs:
             c = r["concurrency"]
@@ -375,6 +386,8 @@ def main():
     ap.add_argument("--skip-peer", action="store_true", help="E1 without the HF peer (its rows' ratio_to_peer null)")
     ap.add_argument("--sync-too", action="store_true",
                     help="also run E1 with async_scheduling off (every step waits for its samples)")
+    ap.add_argument("--spec-too", action="store_true",
+                    help="also run E1 with n-gram speculation on (E1-spec rows: x E1 without it, same run)")
     ap.add_argument("--eager-too", action="store_true", help="also run E1 with enforce_eager (graphs vs eager)")
     ap.add_argument("--e1-weights", nargs="+", default=["awq"], choices=list(WEIGHTS),
                     help="E1's weight formats, each its own engine; E1's rows come from awq, E1-fmt's from all "

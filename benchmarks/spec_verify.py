@@ -82,8 +82,12 @@ def main():
     k = args.k
     Speculator.draft = lambda self, seq, room: [seq.token_ids[-1]] * room  # k drafts every step
     path = model_dir(QWEN25_7B, GROUP)
+    # two engines, a fixed KV cache each: room for the largest batch's every request at its longest
+    # (a cache short of it would hold part of the batch back and time a smaller one)
+    longest = args.context + 8 * args.steps + 16 + k
+    blocks = max(args.batch) * -(-longest // 16) + 64
     common = dict(model=path, load_format="dummy", dtype="bfloat16", max_model_len=4096,
-                  max_num_seqs=max(args.batch), num_kv_blocks=1024, async_scheduling=False)  # two engines: fixed KV each
+                  max_num_seqs=max(args.batch), num_kv_blocks=blocks, async_scheduling=False)
     plain = LLMEngine(EngineConfig(**common))
     spec = LLMEngine(EngineConfig(**common, speculative_config={
         "method": "ngram", "num_speculative_tokens": k, "disable_by_batch_size": 1024}))
