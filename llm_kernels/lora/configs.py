@@ -57,7 +57,9 @@ def shrink_configs(T: int, dtype, device) -> list[dict]:
         return _unique([{"BM": 16, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
                         {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3},
                         {"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
-                        {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3}])
+                        {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3},
+                        {"BM": bm, "BK": 128, "waves": 2, "slots": 1, "warps": 4, "stages": 3},
+                        {"BM": bm, "BK": 64, "waves": 4, "slots": 2, "warps": 4, "stages": 3}])
     # prefill: the token tiles alone fill the machine, few or no splits
     return [{"BM": 64, "BK": 64, "waves": 2, "slots": 1, "warps": 4, "stages": 3},
             {"BM": 128, "BK": 64, "waves": 1, "slots": 1, "warps": 8, "stages": 3},
@@ -76,7 +78,11 @@ def expand_configs(T: int, dtype, device) -> list[dict]:
         return _unique([{"BM": bm, "BN": 128, "warps": 4, "stages": 2},
                         {"BM": bm, "BN": 64, "warps": 4, "stages": 2},
                         {"BM": bm, "BN": 256, "warps": 8, "stages": 2},
-                        {"BM": _bm(T, 128), "BN": 128, "warps": 8, "stages": 2}])
+                        {"BM": _bm(T, 128), "BN": 128, "warps": 8, "stages": 2},
+                        {"BM": bm, "BN": 128, "slots": 1, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 64, "slots": 1, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 128, "slots": 2, "warps": 4, "stages": 2},
+                        {"BM": bm, "BN": 256, "slots": 1, "warps": 8, "stages": 2}])
     return [{"BM": 64, "BN": 128, "slots": 1, "warps": 4, "stages": 2},
             {"BM": 128, "BN": 128, "slots": 1, "warps": 8, "stages": 2},
             {"BM": 64, "BN": 256, "slots": 2, "warps": 8, "stages": 2}]
