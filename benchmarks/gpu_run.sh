@@ -7,7 +7,7 @@
 #   OUT=DIR BENCHMARK_COMMIT=<short hash> bash benchmarks/gpu_run.sh STEP [STEP ...]
 #
 # Steps (each under a time limit; benchmarks/README.md defines the ids):
-#   tests       python3 -m pytest -q -m "not slow" tests/gpu, the default GPU test run
+#   tests       python3 -m pytest -q -n 4 --dist loadfile -m "not slow" tests/gpu, the default GPU test run
 #   slow-kernels, slow-engine  the long variants (-m slow), kernels' files and the engine's, apart
 #   kernels     K1-K4 (kernel_bench.py)
 #   fp8-kernels K5 (quant_formats.py --only K5: the FP8 linear, the W8A16 kernel, W8A8, cuBLAS bf16)
@@ -26,8 +26,9 @@
 #   lora-serve  E1-lora: E1 c=50 with 8 rank-16 LoRA adapters against no adapter (lora_serve.py)
 #
 # The H200 machine has python3 3.12, torch 2.11, triton 3.6, transformers 5.17; no runpod, no
-# llguidance, no jsonschema, and no network. What it lacks travels in the ignored .whl/ folder,
-# every .whl/*/site put on PYTHONPATH here: `python benchmarks/tools/structured_vendor.py
+# llguidance, no jsonschema, no pytest-xdist, and no network. What it lacks travels in the ignored
+# .whl/ folder, every .whl/*/site put on PYTHONPATH here (pytest-xdist and execnet, pure Python:
+# their wheels unzipped into .whl/xdist/site); `python benchmarks/tools/structured_vendor.py
 # --extra jsonschema` makes .whl/structured (llguidance, jsonschema, the SmolLM2 tokenizer) for
 # the structured GPU tests and the structured step; K1's gemlite peer is read from
 # .whl/peers/gemlite (benchmarks/int4_peers.py). The copy of the tree there has no git: pass
@@ -85,7 +86,7 @@ run() {  # run STEP SECONDS CMD...: time-limited, its output appended to $OUT/ST
 
 for step in "${steps[@]}"; do
     case $step in
-        tests) run tests 570 "$PY" -m pytest -q -m "not slow" tests/gpu ;;
+        tests) run tests 570 "$PY" -m pytest -q -n 4 --dist loadfile -m "not slow" tests/gpu ;;
         slow-kernels) run slow-kernels 570 "$PY" -m pytest -q -m slow tests/gpu/test_w4a16_gpu.py \
                           tests/gpu/test_gpu_kernels.py tests/gpu/test_quant_formats_gpu.py tests/gpu/test_moe_gpu.py \
                           tests/gpu/test_fp8_w8a16_gpu.py ;;
