@@ -115,7 +115,7 @@ class LLMEngine:
                                   kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype))
         # adapters' slots before the KV cache is sized, so their memory is counted (None: enable_lora off)
         self.lora = LoRAManager.for_engine(config, self.model, self.runner, self.dtype, self.device)
-        speculative = SpeculativeConfig.from_value(config.speculative_config, device=self.device)
+        speculative = SpeculativeConfig.from_value(config.speculative_config)
         self.drafter = DraftModel.for_engine(speculative, self, budget)  # draft_model: its KV in the same blocks
         self.memory: dict = {}
         num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory,

@@ -2,7 +2,7 @@
 InvalidInputError naming `speculative_config.<field>`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.errors import InvalidInputError
@@ -10,13 +10,14 @@ from engine.validation import is_int, is_number
 
 FIELD = "speculative_config"
 METHODS = ("ngram", "draft_model")
-# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size), by
-# device when not given. CPU (2 cores): verify steps of 5 positions still paid at 8 summaries
-# decoding together (1.18x decode speed, 1.04x end to end; benchmarks/spec_decode.py, S1-x).
-# CUDA: a verify step of 5 positions a request cost 0.99-1.02x a decode step at every batch
-# from 1 to 64 (benchmarks/spec_verify.py, S2, Qwen2.5-7B-AWQ shapes on an H100), so up to 64
-# it pays at any acceptance; above, unmeasured: off
-DEFAULT_DISABLE_BY_BATCH_SIZE = {"cpu": 8, "cuda": 64}
+# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size):
+# on the 2-core CPU verify steps of 5 positions still paid at 8 summaries decoding together
+# (1.18x decode speed, 1.04x end to end; benchmarks/spec_decode.py, S1-x), so no smaller
+# switch. On an H100 a verify step of 5 positions costs 0.99-1.02x a decode step at any batch
+# from 1 to 64 when steps are timed alone (S2), yet E1 with the switch at 64 served 0.76x (c=10)
+# and 0.73x (c=50) the tokens of the same run without speculation (E1-spec; at 8: 1.00x both):
+# a GPU keeps 8 too
+DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 LOOKUP_MIN, LOOKUP_MAX = 2, 4  # the n-grams looked up when neither bound is given
 
 
@@ -31,7 +32,7 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: the small model of the same tokenizer that drafts (a folder or hub id)
     prompt_lookup_max: int = LOOKUP_MAX  # longest n-gram looked up (ngram)
     prompt_lookup_min: int = LOOKUP_MIN  # shortest n-gram looked up (ngram)
-    disable_by_batch_size: int | None = None  # None: the device's (DEFAULT_DISABLE_BY_BATCH_SIZE)
+    disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
     # ours: a request whose last `acceptance_window` drafted tokens were accepted less often than
     # this pauses its drafts for as many steps (then tries again); 0: never pauses
     min_acceptance_rate: float = 0.2
@@ -41,11 +42,8 @@ class SpeculativeConfig:
     opt_in: bool = False
 
     @classmethod
-    def from_value(cls, value: Any, device: str | None = None) -> "SpeculativeConfig | None":
-        """A SpeculativeConfig from a dict (vLLM's keys), an instance, or None; with device (an engine's,
-        "cuda:0", "cpu"), disable_by_batch_size set to that device's default when not given."""
-        if value is not None and device is not None:
-            return cls.from_value(value).for_device(device.split(":")[0])
+    def from_value(cls, value: Any) -> "SpeculativeConfig | None":
+        """A SpeculativeConfig from a dict (vLLM's keys), an instance, or None."""
         if value is None or isinstance(value, cls):
             return value
         if not isinstance(value, dict):
@@ -74,8 +72,6 @@ class SpeculativeConfig:
                                 ("prompt_lookup_min", 1, 64), ("disable_by_batch_size", 1, 1 << 20),
                                 ("acceptance_window", 1, 1 << 20)):
             v = getattr(self, name)
-            if name == "disable_by_batch_size" and v is None:
-                continue
             if not (is_int(v) and low <= v <= high):
                 _fail(name, f"must be an integer in [{low}, {high}], got {v!r}")
         if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
@@ -89,9 +85,3 @@ class SpeculativeConfig:
             _fail("min_acceptance_rate", f"must be a number in [0, 1], got {self.min_acceptance_rate!r}")
         if not isinstance(self.opt_in, bool):
             _fail("opt_in", "must be true or false")
-
-    def for_device(self, device_type: str) -> "SpeculativeConfig":
-        """This config with disable_by_batch_size set: the device's default when not given."""
-        if self.disable_by_batch_size is not None:
-            return self
-        return replace(self, disable_by_batch_size=DEFAULT_DISABLE_BY_BATCH_SIZE.get(device_type, 8))

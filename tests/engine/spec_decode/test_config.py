@@ -11,22 +11,12 @@ def test_vllm_keys_and_defaults():
     c = SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
                                       "prompt_lookup_min": 2})
     assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == (5, 4, 2)
-    assert c.disable_by_batch_size is None and not c.opt_in  # the device's, once an engine has one
+    assert c.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE and not c.opt_in
     assert SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 3,
                                          "prompt_lookup_max": 1}).prompt_lookup_min == 1
     assert SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 3,
                                          "prompt_lookup_min": 6}).prompt_lookup_max == 6
     assert SpeculativeConfig.from_value(None) is None
-
-
-def test_the_batch_size_switch_defaults_by_device_and_a_given_one_stays(tiny_llama_dir):
-    ngram = {"method": "ngram", "num_speculative_tokens": 4}
-    for device, want in (("cpu", DEFAULT_DISABLE_BY_BATCH_SIZE["cpu"]), ("cuda:1", DEFAULT_DISABLE_BY_BATCH_SIZE["cuda"])):
-        assert SpeculativeConfig.from_value(ngram, device=device).disable_by_batch_size == want
-    assert DEFAULT_DISABLE_BY_BATCH_SIZE["cuda"] > DEFAULT_DISABLE_BY_BATCH_SIZE["cpu"]
-    assert SpeculativeConfig.from_value({**ngram, "disable_by_batch_size": 3}, device="cuda").disable_by_batch_size == 3
-    llm = LLM(tiny_llama_dir, num_kv_blocks=64, speculative_config=ngram)
-    assert llm.engine.speculator.config.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE["cpu"]
 
 
 @pytest.mark.parametrize("value,field", [
