@@ -270,6 +270,9 @@ SETTINGS: tuple[Setting, ...] = (
        minimum=0, exclusive_minimum=True),
     _s("SERVE_BODY_TIMEOUT_S", "float", 30.0, "`--serve`: seconds a request's body may take to arrive; a slower "
        "one is answered 408 and its connection closed.", minimum=0, exclusive_minimum=True),
+    _s("SERVE_HEADER_TIMEOUT_S", "float", 30.0, "`--serve`: seconds a connection's request line and headers may "
+       "take to arrive after it opens; a slower connection is closed (one WARNING line).", minimum=0,
+       exclusive_minimum=True),
     _s("LOAD_BALANCING", "bool", False, "Serve as a RunPod load-balancing endpoint's worker (as `python -m handler "
        "--load-balancing`): plain HTTP on PORT, no queue: the OpenAI routes (/v1/chat/completions, /v1/completions, "
        "/v1/responses, /v1/models) and POST /runsync (a job's `{\"input\"}`, answered with its result), `GET /ping` "

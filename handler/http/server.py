@@ -3,11 +3,13 @@
 or SIGTERM (then the running jobs are cancelled and the engine stops)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
 
 from handler.http.endpoint import LocalEndpoint
+from handler.http.header_deadline import HeaderDeadlineSite
 from handler.http.jobs import JobStore, StoreFull
 from handler.http.openai_routes import openai_routes
 from handler.http.rest import MAX_RUNSYNC_BODY, error, rest_routes
@@ -84,7 +86,22 @@ def serve(worker, store: JobStore, host: str, port: int) -> int:
              base, base)
     if host not in LOOPBACK:
         log.warning("listening on %s: anyone who can reach this address can run jobs (no API key is checked)", host)
-    web.run_app(app, host=host, port=port, print=None, access_log=log if settings.log_level == "debug" else None,
-                handle_signals=True, shutdown_timeout=SHUTDOWN_S)
+    access_log = log if settings.log_level == "debug" else None
+    try:
+        asyncio.run(_serve_until_signal(app, host, port, access_log, settings.serve_header_timeout_s))
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass  # SIGTERM or SIGINT: the app was cleaned up (its jobs cancelled) on the way out
     worker.close()
     return 0
+
+
+async def _serve_until_signal(app: web.Application, host: str, port: int, access_log, header_timeout: float) -> None:
+    """Serve `app` on host:port, each connection under a header deadline (HeaderDeadlineSite),
+    until SIGINT or SIGTERM (aiohttp's handlers raise GracefulExit), then clean the app up."""
+    runner = web.AppRunner(app, handle_signals=True, access_log=access_log, shutdown_timeout=SHUTDOWN_S)
+    await runner.setup()
+    try:
+        await HeaderDeadlineSite(runner, host, port, header_timeout).start()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,8 +1,9 @@
 """The local endpoint's resource bounds, without a model: a cap on the jobs waiting in its
 queue (SERVE_MAX_QUEUED_JOBS) and on the bytes of inputs and results it keeps
 (SERVE_MAX_RETAINED_MB: a finished job's input is let go, the oldest finished jobs are forgotten
-first), request bodies that arrive too slowly answered 408 (SERVE_BODY_TIMEOUT_S), and a
-malformed request logged as one WARNING line, never an ERROR with a traceback."""
+first), request bodies that arrive too slowly answered 408 (SERVE_BODY_TIMEOUT_S), connections
+whose headers trickle in closed (SERVE_HEADER_TIMEOUT_S), and a malformed request logged as one
+WARNING line, never an ERROR with a traceback."""
 from __future__ import annotations
 
 import asyncio
@@ -125,6 +126,62 @@ def test_a_body_that_arrives_too_slowly_is_answered_408(loop):
             assert not endpoint.store.jobs
 
     loop.run_until_complete(main())
+
+
+def test_headers_that_trickle_in_get_the_connection_closed(loop, caplog):
+    """A client sending its request line and headers a few bytes at a time is cut off at
+    SERVE_HEADER_TIMEOUT_S, with a WARNING; headers split across reads, and a complete request
+    on the same kind of connection, are served."""
+    from handler.http.endpoint import LocalEndpoint
+    from handler.http.header_deadline import HeaderDeadlineSite
+    from handler.http.server import make_app
+
+    async def main():
+        worker = FakeWorker()
+        worker.gate.set()
+        runner = web.AppRunner(make_app(LocalEndpoint(worker)))
+        await runner.setup()
+        await HeaderDeadlineSite(runner, "127.0.0.1", 0, header_timeout=0.6).start()
+        port = runner.addresses[0][1]
+
+        def trickle(pieces: list[bytes], pause: float) -> tuple[bytes, float]:
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            t0 = time.monotonic()
+            reply = b""
+            try:
+                for piece in pieces:
+                    s.sendall(piece)
+                    time.sleep(pause)
+                reply = s.recv(400)
+            except OSError:  # reset by the server while sending
+                pass
+            finally:
+                s.close()
+            return reply, time.monotonic() - t0
+
+        run = asyncio.get_running_loop().run_in_executor
+        try:
+            slow = b"GET /v2/ep/health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40
+            reply, took = await run(None, trickle, [slow[i:i + 2] for i in range(0, len(slow), 2)], 0.1)
+            assert reply == b"" and took < 3, (reply, took)  # closed without an answer
+            assert any("SERVE_HEADER_TIMEOUT_S" in r.getMessage() and r.levelno == logging.WARNING
+                       for r in caplog.records)
+            # the blank line split over two sends, well within the deadline: answered
+            whole = b"GET /v2/ep/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            reply, _ = await run(None, trickle, [whole[:-3], whole[-3:]], 0.2)
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+            # headers in time, then a body that takes longer than the header deadline (not the
+            # body's): the connection is not cut, the job is taken
+            body = b'{"input": {"size": 3}}'
+            head = (b"POST /v2/ep/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
+            reply, took = await run(None, trickle, [head, body], 1.0)
+            assert reply.startswith(b"HTTP/1.1 200") and took >= 1.0, reply
+        finally:
+            await runner.cleanup()
+
+    with caplog.at_level(logging.WARNING, logger="handler.http"):
+        loop.run_until_complete(main())
 
 
 def test_a_malformed_request_is_one_warning_line(loop, caplog):
