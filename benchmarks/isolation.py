@@ -8,6 +8,11 @@ over its speed beside the plain one (target 1 / 1.5: no job within the caps make
 time per token more than 1.5x).
 
     python3 benchmarks/isolation.py [--rounds 5]
+
+--gpu: the same cases on the engine alone (no worker: `AsyncLLMEngine`, CUDA graphs,
+asynchronous steps) serving Qwen2.5-7B-AWQ shapes (random weights), the victim streamed beside
+the job of 128 choices (with and without 20 logprobs) or beside its plain peer; the victim's
+time per token after its first.
 """
 from __future__ import annotations
 
@@ -73,11 +78,74 @@ def cases(settings, text: list[str]) -> dict[str, tuple[dict, dict]]:
             "n = 128, 20 logprobs": (logprobs, plain)}
 
 
+async def engine_victim_tpot(engine, neighbour, tag: str) -> float:
+    """The victim's time per token after its first, streamed from `engine` beside `neighbour`
+    (prompt ids, SamplingParams) started first."""
+    from engine import SamplingParams
+
+    prompt, params = neighbour
+    other = asyncio.ensure_future(_drain(engine.generate({"prompt_token_ids": prompt}, params, f"n-{tag}")))
+    await asyncio.sleep(0)
+    victim = SamplingParams(max_tokens=VICTIM_TOKENS, temperature=0, ignore_eos=True)
+    first = end = None
+    async for out in engine.generate({"prompt_token_ids": [11, 12, 13, 14, 15, 16]}, victim, f"v-{tag}"):
+        end = time.perf_counter()
+        first = first or end
+    await other
+    return (end - first) / (VICTIM_TOKENS - 1)
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+def gpu_rows(rounds: int) -> list[dict]:
+    """R1's n cases on the engine alone, on a GPU (--gpu)."""
+    from dataclasses import replace
+
+    from engine import AsyncLLMEngine, EngineConfig, SamplingParams
+
+    from benchmarks.serve import GROUP, QWEN25_7B, model_dir
+
+    engine = AsyncLLMEngine.from_config(EngineConfig(model=model_dir(QWEN25_7B, GROUP), load_format="dummy",
+                                                     dtype="bfloat16", max_model_len=4096, max_num_seqs=256))
+    prompt = [5, 17, 33, 120]
+    wide = SamplingParams(n=128, temperature=1.0, ignore_eos=True, seed=1, max_tokens=12)
+    plain = SamplingParams(max_tokens=VICTIM_TOKENS, temperature=0, ignore_eos=True)
+    cases = {"n = 128, GPU engine": (prompt, wide),
+             "n = 128, 20 logprobs, GPU engine": (prompt, replace(wide, logprobs=20))}
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine_victim_tpot(engine, (prompt, plain), "warm"))
+    loop.run_until_complete(engine_victim_tpot(engine, (prompt, wide), "warm-wide"))
+    rows = []
+    for case, costly in cases.items():
+        tpot: dict[str, list[float]] = {"costly": [], "plain": []}
+        for r in range(rounds):
+            order = [("costly", costly), ("plain", (prompt, plain))][:: 1 if r % 2 else -1]
+            for name, job in order:
+                tpot[name].append(loop.run_until_complete(engine_victim_tpot(engine, job, f"{case}-{r}-{name}")))
+        beside_costly, beside_plain = statistics.median(tpot["costly"]), statistics.median(tpot["plain"])
+        rows.append({"id": "R1", "case": case, "ratio_to_floor": None, "target_floor": None,
+                     "ratio_to_peer": round(beside_plain / beside_costly, 3), "target_peer": TARGET,
+                     "victim_tpot_ms": round(beside_costly * 1000, 3),
+                     "victim_tpot_beside_plain_ms": round(beside_plain * 1000, 3), "rounds": rounds})
+        print(rows[-1], flush=True)
+    loop.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gpu", action="store_true", help="the n cases on the engine alone, Qwen2.5-7B-AWQ shapes, CUDA")
     ap.add_argument("--out", default=record.default_out(__file__))
     args = ap.parse_args()
+    if args.gpu:
+        rows = gpu_rows(args.rounds)
+        record.save(rows, args.out)
+        print(record.table(rows))
+        return
 
     from handler.local import run_job
     from handler.settings import load_settings
