@@ -78,6 +78,21 @@ def cases(settings, text: list[str]) -> dict[str, tuple[dict, dict]]:
             "n = 128, 20 logprobs": (logprobs, plain)}
 
 
+def r1_row(loop, case: str, costly, plain, rounds: int, victim_tpot) -> dict:
+    """R1's row of one case: the victim's time per token beside `costly` and beside `plain`,
+    the two taking turns `rounds` times (medians); victim_tpot(job, tag) is the measuring coroutine."""
+    tpot: dict[str, list[float]] = {"costly": [], "plain": []}
+    for r in range(rounds):
+        order = [("costly", costly), ("plain", plain)][:: 1 if r % 2 else -1]
+        for name, job in order:
+            tpot[name].append(loop.run_until_complete(victim_tpot(job, f"{case}-{r}-{name}")))
+    beside_costly, beside_plain = statistics.median(tpot["costly"]), statistics.median(tpot["plain"])
+    return {"id": "R1", "case": case, "ratio_to_floor": None, "target_floor": None,
+            "ratio_to_peer": round(beside_plain / beside_costly, 3), "target_peer": TARGET,
+            "victim_tpot_ms": round(beside_costly * 1000, 3),
+            "victim_tpot_beside_plain_ms": round(beside_plain * 1000, 3), "rounds": rounds}
+
+
 async def engine_victim_tpot(engine, neighbour, tag: str) -> float:
     """The victim's time per token after its first, streamed from `engine` beside `neighbour`
     (prompt ids, SamplingParams) started first."""
@@ -120,16 +135,8 @@ def gpu_rows(rounds: int) -> list[dict]:
     loop.run_until_complete(engine_victim_tpot(engine, (prompt, wide), "warm-wide"))
     rows = []
     for case, costly in cases.items():
-        tpot: dict[str, list[float]] = {"costly": [], "plain": []}
-        for r in range(rounds):
-            order = [("costly", costly), ("plain", (prompt, plain))][:: 1 if r % 2 else -1]
-            for name, job in order:
-                tpot[name].append(loop.run_until_complete(engine_victim_tpot(engine, job, f"{case}-{r}-{name}")))
-        beside_costly, beside_plain = statistics.median(tpot["costly"]), statistics.median(tpot["plain"])
-        rows.append({"id": "R1", "case": case, "ratio_to_floor": None, "target_floor": None,
-                     "ratio_to_peer": round(beside_plain / beside_costly, 3), "target_peer": TARGET,
-                     "victim_tpot_ms": round(beside_costly * 1000, 3),
-                     "victim_tpot_beside_plain_ms": round(beside_plain * 1000, 3), "rounds": rounds})
+        rows.append(r1_row(loop, case, costly, (prompt, plain), rounds,
+                           lambda job, tag: engine_victim_tpot(engine, job, tag)))
         print(rows[-1], flush=True)
     loop.close()
     return rows
@@ -157,18 +164,8 @@ def main() -> None:
     w = Worker(load_settings({"MODEL_NAME": path, **ENV}))
     warm = loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": VICTIM}))
     assert warm["status"] == "COMPLETED", warm
-    rows = []
-    for case, (costly, plain) in cases(w.settings, TOKENIZER_TEXT).items():
-        tpot: dict[str, list[float]] = {"costly": [], "plain": []}
-        for r in range(args.rounds):
-            order = [("costly", costly), ("plain", plain)][:: 1 if r % 2 else -1]
-            for name, job in order:
-                tpot[name].append(loop.run_until_complete(victim_mean_tpot(w, job, f"{case}-{r}-{name}")))
-        beside_costly, beside_plain = statistics.median(tpot["costly"]), statistics.median(tpot["plain"])
-        rows.append({"id": "R1", "case": case, "ratio_to_floor": None, "target_floor": None,
-                     "ratio_to_peer": round(beside_plain / beside_costly, 3), "target_peer": TARGET,
-                     "victim_tpot_ms": round(beside_costly * 1000, 2),
-                     "victim_tpot_beside_plain_ms": round(beside_plain * 1000, 2), "rounds": args.rounds})
+    rows = [r1_row(loop, case, costly, plain, args.rounds, lambda job, tag: victim_mean_tpot(w, job, tag))
+            for case, (costly, plain) in cases(w.settings, TOKENIZER_TEXT).items()]
     loop.run_until_complete(w.aclose())
     loop.close()
     record.save(rows, args.out)
