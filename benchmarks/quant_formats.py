@@ -1,9 +1,9 @@
 """Weight formats on a CUDA GPU (benchmarks/README.md): K1-fmt, the other 4-bit formats (GPTQ,
 GPTQ act-order, compressed-tensors W4A16) built from their checkpoint tensors the way the engine
 loads them, run by the same W4A16 path as AWQ, beside AWQ itself; and K5, the FP8 linear
-(FP8_DYNAMIC layers: whatever llm_kernels.fp8 selects and tunes), the W8A16 kernel alone and the
-W8A8 path alone (per-token activations, torch._scaled_mm) against bf16 cuBLAS and the bytes
-floor at M = 1..256. Ratios
+(FP8_DYNAMIC layers: whatever llm_kernels.fp8 selects and tunes), the W8A16 kernel alone, the
+Triton W8A8 kernel alone and the cuBLAS W8A8 path alone (per-token activations quantized in one
+launch, torch._scaled_mm) against bf16 cuBLAS and the bytes floor at M = 1..256. Ratios
 as in benchmarks/kernel_bench.py (ceilings measured in this run, CUDA-graph replays cycling
 through input sets to keep L2 cold).
 
@@ -25,7 +25,8 @@ from engine.quant.repacked import apply_parts, int4_parts  # noqa: E402
 from llm_kernels.w4a16.ct_format import ct_int_view  # noqa: E402
 from llm_kernels import fp8  # noqa: E402
 from llm_kernels.dispatch import TIMINGS, chosen  # noqa: E402
-from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, per_token_scales, quantize_fp8  # noqa: E402
+from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token  # noqa: E402
+from llm_kernels.fp8.act_quant import quantize_per_token  # noqa: E402
 from llm_kernels.fp8 import scaled_mm_available  # noqa: E402
 from llm_kernels.fp8 import weight as fp8_weight  # noqa: E402
 from llm_kernels.fp8.configs import shape_key as fp8_shape_key  # noqa: E402
@@ -105,10 +106,9 @@ def _fp8_sets(K, N, count, device, gen):
 
 
 def _w8a8(x, p, xq=None, xs=None):
-    """The W8A8 path: x quantized per token (unless given), torch._scaled_mm on the e4m3 weight."""
+    """The cuBLAS W8A8 path: x quantized per token (unless given), torch._scaled_mm on the e4m3 weight."""
     if xq is None:
-        xs = per_token_scales(x.float())
-        xq = quantize_fp8(x.float(), xs)
+        xq, xs = quantize_per_token(x)
     return torch._scaled_mm(xq, p.weight.t(), scale_a=xs, scale_b=p.scale.view(1, -1), out_dtype=torch.bfloat16)
 
 
@@ -117,16 +117,16 @@ def _k5_scaled_mm(x, sets, timer):
     device has no FP8 tensor cores."""
     if not scaled_mm_available(x.device):
         return None, None
-    xs = per_token_scales(x.float())
-    xq = quantize_fp8(x.float(), xs)
+    xq, xs = quantize_per_token(x)
     gemm = timer([lambda p=p: _w8a8(x, p, xq, xs) for p in sets])
     return timer([lambda p=p: _w8a8(x, p) for p in sets]), gemm
 
 
 def k5_row(K, N, M, sets, dense, ceil, timer, gen):
     """One K5 row: the product's FP8 linear (whatever the selection and the tuner run), the
-    W8A16 kernel alone and the W8A8 path alone against bf16 cuBLAS, each with its error
-    against the float32 math it computes."""
+    W8A16 kernel alone, the Triton W8A8 kernel alone (where FP8 tensor cores are) and the
+    cuBLAS W8A8 path alone against bf16 cuBLAS, each with its error against the float32 math
+    it computes."""
     bw, peak, fp8_peak = ceil
     x = torch.randn(M, K, device=sets[0].weight.device, generator=gen).to(torch.bfloat16)
     p = sets[0]
@@ -139,10 +139,13 @@ def k5_row(K, N, M, sets, dense, ceil, timer, gen):
     w8_err = rel(fp8_weight.w8a16_tuned(x, p), weight_only)
     key = fp8_shape_key(M, N, K, p.layout, x.dtype)
     w8_cfg = chosen(fp8_weight.TUNED_KERNEL, key)
+    a8 = scaled_mm_available(x.device)
+    a8_err = rel(fp8_weight.w8a16_tuned(x, p, a8=True), fp8_qdq_per_token(x.float()) @ w_deq.t()) if a8 else None
     timed = {name: [[str(c), t * 1e6] for c, t in TIMINGS.get((name,) + key, [])]
-             for name in (fp8_weight.TUNED_KERNEL, fp8_weight.TUNED_PATH)}
+             for name in (fp8_weight.TUNED_KERNEL, fp8_weight.TUNED_A8, fp8_weight.TUNED_PATH)}
     ours = timer([lambda p=p: fp8.linear(x, p) for p in sets])
     w8 = timer([lambda p=p: fp8_weight.w8a16_tuned(x, p) for p in sets])
+    w8a8 = timer([lambda p=p: fp8_weight.w8a16_tuned(x, p, a8=True) for p in sets]) if a8 else None
     sm, gemm = _k5_scaled_mm(x, sets, timer)
     peer = timer([lambda w=w: x @ w for w in dense])
     wbytes = K * N + 4 * N
@@ -150,11 +153,14 @@ def k5_row(K, N, M, sets, dense, ceil, timer, gen):
     return bk.row("K5", f"fp8 {K}x{N} M={M}", ours, floor, peer, None, 1.3 if M <= 64 else 1.1, kernel=kernel,
                   rel_err=err, w8a16_us=w8 * 1e6, w8a16_ratio_to_cublas=peer / w8, w8a16_rel_err=w8_err,
                   w8a16_config=str(w8_cfg), w8a16_candidates_us=timed[fp8_weight.TUNED_KERNEL],
+                  w8a8_us=None if w8a8 is None else w8a8 * 1e6,
+                  w8a8_ratio_to_cublas=None if w8a8 is None else peer / w8a8, w8a8_rel_err=a8_err,
+                  w8a8_config=str(chosen(fp8_weight.TUNED_A8, key)), w8a8_candidates_us=timed[fp8_weight.TUNED_A8],
                   path_candidates_us=timed[fp8_weight.TUNED_PATH], scaled_mm_us=None if sm is None else sm * 1e6,
                   scaled_mm_ratio_to_cublas=None if sm is None else peer / sm,
                   scaled_mm_only_us=None if gemm is None else gemm * 1e6,
                   act_quant_share=None if gemm is None else 1 - gemm / sm,
-                  wrong=not (err < 1e-2 and w8_err < 1e-2))
+                  wrong=not (err < 1e-2 and w8_err < 1e-2 and (a8_err is None or a8_err < 1e-2)))
 
 
 def k5(ceil, ms, shapes=SHAPES, device="cuda", gen=None, timer=None):

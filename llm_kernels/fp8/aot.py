@@ -11,8 +11,8 @@ from llm_kernels.fp8 import w8a16
 
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # what Triton's launcher would see at a real call: 16-byte aligned pointers, row strides and sizes
-_ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "bias_ptr", "out_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_xm",
-            "stride_wn", "stride_om")
+_ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "xs_ptr", "bias_ptr", "out_ptr", "ws_ptr", "cnt_ptr", "N", "K",
+            "stride_xm", "stride_wn", "stride_om")
 
 
 def compile_w8a16(arch: int, dtype, cfg: dict, block=None, split: int = 2, bias: bool = True,
@@ -25,7 +25,8 @@ def compile_w8a16(arch: int, dtype, cfg: dict, block=None, split: int = 2, bias:
 
     fn = w8a16.w8a16_kernel.built(False)
     t = _TYPES[dtype]
-    sig = {"x_ptr": f"*{t}", "w_ptr": "*u8", "s_ptr": "*fp32", "bias_ptr": f"*{t}", "out_ptr": f"*{t}",
+    a8 = cfg.get("kind") == "w8a8"  # W8A8: e4m3 activations and weight, typed as such (see w8a16.launch)
+    sig = {"x_ptr": "*fp8e4nv" if a8 else f"*{t}", "w_ptr": "*fp8e4nv" if a8 else "*u8", "s_ptr": "*fp32", "xs_ptr": "*fp32", "bias_ptr": f"*{t}", "out_ptr": f"*{t}",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
            "stride_wn": "i32", "stride_om": "i32", "stride_sn": "i32", "KPS": "i32"}
     const = w8a16.constexprs(cfg, dtype, divmod(arch, 10), block, 1, split, True, bias)

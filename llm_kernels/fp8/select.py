@@ -1,7 +1,7 @@
 """Which FP8 kernel runs a step: an ordered list of kernels, each saying which steps it can run
 (device class, activation dtype, token count M, the layout the layer was prepared in). The
-kernels that can run a step are its candidates; where there are two, the tuner times both on
-the layer's shape once and keeps the faster. docs/kernels.md is this list as a table, and a
+kernels that can run a step are its candidates; where there are several, the tuner times each
+on the layer's shape once and keeps the fastest. docs/kernels.md is this list as a table, and a
 test checks that the two agree."""
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def _w8a16_max_m(s: Step) -> int:
 KERNELS: tuple[Kernel, ...] = (
     Kernel("w8a16", "Triton W8A16 GEMM: e4m3 weights converted in registers, 16-bit dots (llm_kernels.fp8.w8a16)",
            lambda s: s.device in TRITON_DEVICES and s.layout in E4M3_LAYOUTS and s.m <= _w8a16_max_m(s)),
-    Kernel("scaled_mm", "activations quantized per token, torch._scaled_mm (cuBLAS FP8, W8A8)",
+    Kernel("w8a8", "Triton W8A8 GEMM: activations quantized per token in one launch, e4m3 dots on FP8 tensor "
+           "cores (llm_kernels.fp8.w8a16, A8)", lambda s: _scaled_mm_step(s) and s.m <= 512),
+    Kernel("scaled_mm", "activations quantized per token in one launch, torch._scaled_mm (cuBLAS FP8, W8A8)",
            lambda s: _scaled_mm_step(s) and s.m > 16),
     Kernel("dequant_matmul", "the weight dequantized by a Triton kernel (llm_kernels.fp8.dequant), then cuBLAS",
            lambda s: s.device in TRITON_DEVICES and s.layout in E4M3_LAYOUTS and not _scaled_mm_step(s)

@@ -1,7 +1,10 @@
 """W8A16 GEMM in Triton: e4m3 weights streamed once from the checkpoint's own [N, K]
 layout, converted to the activations' 16-bit type in registers, 16-bit tensor-core dots
 with float32 accumulation, the scales applied to the float32 sums (llm_kernels.fp8.configs
-holds the tuner's candidates).
+holds the tuner's candidates). The same kernel is the W8A8 GEMM (A8): activations quantized
+per token to e4m3 by one launch beforehand (llm_kernels.fp8.act_quant), both operands fed to
+FP8 tensor cores as they are (twice bf16's rate on sm_89+, no conversion in the loop), the
+token scales applied with the channel scales to the float32 sums.
 
 Decode (M = 1-64 tokens) is bound by the weight's bytes: an e4m3 weight is half of bf16's,
 so a kernel that reads it once and hides the conversion approaches 2x bf16 cuBLAS. The
@@ -44,6 +47,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
+from llm_kernels.fp8.act_quant import quantize_per_token
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 BITS_FACTOR = 256.0  # the bit-moved fp16 is 2^-8 times the e4m3 value
@@ -108,11 +112,11 @@ def _dot(w, x, acc, F32: tl.constexpr):
 
 @lazy_jit(do_not_specialize=["KPS"])
 def w8a16_kernel(
-    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+    x_ptr, w_ptr, s_ptr, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, stride_sn, KPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MT: tl.constexpr, SPLIT: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, CVT: tl.constexpr, ASM_CODE: tl.constexpr, ASM_PACK: tl.constexpr,
-    F32: tl.constexpr,
+    F32: tl.constexpr, A8: tl.constexpr,
     FACTOR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     """out[M, N] = x[M, K] @ (W[N, K] * scale)^T. Program (t, p): tile t (column tile
@@ -121,7 +125,9 @@ def w8a16_kernel(
     output row (s_ptr [N]); else block scales s_ptr [N / SCALE_BN, K / SCALE_BK] (row
     stride stride_sn), SCALE_BK a multiple of BLOCK_K. FACTOR: what the conversion left
     out (1 or 2^8). CVT, ASM_CODE: the conversion (_e4m3). SPLIT: the parts of K; above 1 the partials meet in the workspace.
-    HAS_BIAS: bias_ptr [N] is added to the float32 sum before the one rounding."""
+    HAS_BIAS: bias_ptr [N] is added to the float32 sum before the one rounding. A8 (W8A8): x_ptr
+    holds e4m3 activations with per-token scales xs_ptr [M], multiplied by the weight's on
+    FP8 tensor cores (per-channel weight scales only)."""
     t = tl.program_id(0)
     part = tl.program_id(1)
     pid_n = t // MT
@@ -138,20 +144,27 @@ def w8a16_kernel(
     kb1 = tl.minimum(kb0 + KPS, tl.cdiv(K, BLOCK_K))
     for kb in range(kb0, kb1):
         k0 = kb * BLOCK_K
-        if EVEN_K:
-            b = tl.load(w_ptrs + k0, mask=nmask[:, None], other=0)
+        if EVEN_K:  # (0.0: a zero of every element type, e4m3 included)
+            b = tl.load(w_ptrs + k0, mask=nmask[:, None], other=0.0)
             x = tl.load(x_ptrs + k0, mask=mmask[None, :], other=0.0)
         else:
             kmask = rk + k0 < K
-            b = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0)
+            b = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0.0)
             x = tl.load(x_ptrs + k0, mask=mmask[None, :] & kmask[:, None], other=0.0)
-        w = _e4m3(b, x, CVT, ASM_CODE, ASM_PACK)
-        if SCALE_BK == 0:
-            acc = _dot(w, x, acc, F32)
-        else:  # this block's sum times the block's scale, per row
-            sb = tl.load(s_ptr + (rn // SCALE_BN).to(tl.int64) * stride_sn + k0 // SCALE_BK, mask=nmask, other=0.0)
-            acc += _dot(w, x, tl.zeros_like(acc), F32) * sb[:, None]
-    if SCALE_BK == 0:
+        if A8:  # both operands e4m3 as they are: no conversion
+            acc = _dot(b.to(tl.float8e4nv, bitcast=True), x.to(tl.float8e4nv, bitcast=True), acc, F32)
+        else:
+            w = _e4m3(b, x, CVT, ASM_CODE, ASM_PACK)
+            if SCALE_BK == 0:
+                acc = _dot(w, x, acc, F32)
+            else:  # this block's sum times the block's scale, per row
+                sb = tl.load(s_ptr + (rn // SCALE_BN).to(tl.int64) * stride_sn + k0 // SCALE_BK, mask=nmask,
+                             other=0.0)
+                acc += _dot(w, x, tl.zeros_like(acc), F32) * sb[:, None]
+    if A8:
+        xs = tl.load(xs_ptr + rm, mask=mmask, other=0.0)
+        acc *= tl.load(s_ptr + rn, mask=nmask, other=0.0)[:, None] * xs[None, :]
+    elif SCALE_BK == 0:
         acc *= tl.load(s_ptr + rn, mask=nmask, other=0.0)[:, None] * FACTOR
     elif FACTOR != 1.0:
         acc *= FACTOR
@@ -202,7 +215,8 @@ def constexprs(cfg: dict, dtype, cap: tuple[int, int] | None, block, mt: int, sp
     of the wgmma operand layout into a word cost Triton 7 byte permutes a word on sm_90 (0.216
     issued warp instructions a weight byte against 0.164 with two), while on sm_80 the mma.sync
     layout packs four for free (0.144 against 0.207)."""
-    want = cfg.get("cvt", "native")
+    a8 = cfg.get("kind") == "w8a8"
+    want = "native" if a8 else cfg.get("cvt", "native")
     if want == "asm" and cap is not None and dtype != torch.float32:
         cvt = ASM
     elif want == "native" and (cap is None or cap >= (8, 9)):
@@ -214,7 +228,7 @@ def constexprs(cfg: dict, dtype, cap: tuple[int, int] | None, block, mt: int, sp
     return dict(BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_K=cfg["BK"], MT=mt, SPLIT=split,
                 SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 0, CVT=cvt,
                 ASM_CODE=e4m3_asm(dtype, pack) if cvt == ASM else "", ASM_PACK=pack,
-                F32=dtype == torch.float32 or cap is None, FACTOR=factor, EVEN_K=even_k, HAS_BIAS=bias)
+                F32=dtype == torch.float32 or cap is None, A8=a8, FACTOR=factor, EVEN_K=even_k, HAS_BIAS=bias)
 
 
 def split_parts(tiles: int, nkb: int, cfg: dict, device) -> tuple[int, int]:
@@ -230,12 +244,22 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
            bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ (weight [N, K] e4m3 * scale)^T (+ bias [N]) in x's dtype with one config of
     llm_kernels.fp8.configs. scale: float32 [N] per channel, or with block (bn, bk) float32
-    [cdiv(N, bn), cdiv(K, bk)] (bn 1: a scale row per output row)."""
+    [cdiv(N, bn), cdiv(K, bk)] (bn 1: a scale row per output row). A "w8a8" config first
+    quantizes x per token (llm_kernels.fp8.act_quant: one launch), then multiplies e4m3 by
+    e4m3 (per-channel scales only)."""
     M, K = x.shape
     N = weight.shape[0]
     BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
     if block is not None and block[1] % BK:
         raise ValueError(f"w8a16: BLOCK_K {BK} does not divide the scale block {block}")
+    xk, wk, xs = x, weight.view(torch.uint8), scale  # as the kernel reads them; xs a stand-in unless W8A8
+    if cfg.get("kind") == "w8a8":
+        if block is not None:
+            raise ValueError("w8a8: per-channel weight scales only, not blocks")
+        xk, xs = quantize_per_token(x)
+        # typed e4m3, not bytes: Triton then feeds both tiles from shared memory to the MMA as
+        # loaded (a byte tile bitcast to e4m3 went through registers and back each K step)
+        wk = weight
     mt = -(-M // BM)
     tiles = mt * -(-N // BN)
     nkb = -(-K // BK)
@@ -248,7 +272,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     const = constexprs(cfg, x.dtype, capability(x.device), block, mt, split, K % BK == 0, bias is not None)
     w8a16_kernel[(tiles, split)](
-        x, weight.view(torch.uint8), scale, out if bias is None else bias, out, ws[0], ws[1], M, N, K,
-        x.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps, **const,
+        xk, wk, scale, xs, out if bias is None else bias, out, ws[0], ws[1], M, N, K,
+        xk.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps, **const,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
     return out

@@ -25,14 +25,16 @@ import torch.nn.functional as F
 from llm_kernels.dense import dense_linear
 from llm_kernels.dispatch import autotune, chosen, interpret_mode
 from llm_kernels.fp8 import dequant, w8a16
-from llm_kernels.fp8.configs import DENSE, SCALED_MM, shape_key, w8a16_configs
-from llm_kernels.fp8.reference import dequantize_fp8, per_token_scales, quantize_activations, quantize_fp8
+from llm_kernels.fp8.act_quant import quantize_per_token
+from llm_kernels.fp8.configs import DENSE, SCALED_MM, shape_key, w8a8_configs, w8a16_configs
+from llm_kernels.fp8.reference import dequantize_fp8, quantize_activations
 from llm_kernels.fp8.select import BLOCK, CHANNEL, HOST, SCALED, candidates, device_class
 from llm_kernels.w4a16.workspace import workspace
 
 TUNED_KERNEL = "fp8_w8a16"  # the tuner's name of the W8A16 kernel's configs
-TUNED_PATH = "fp8_linear"  # and of the choice between it and the path beside it
-KIND_TO_KERNEL = {"w8a16": "w8a16", "scaled_mm": "scaled_mm", "dense": "dequant_matmul"}
+TUNED_A8 = "fp8_w8a8"  # of the W8A8 kernel's
+TUNED_PATH = "fp8_linear"  # and of the choice between the kernels a step can run
+KIND_TO_KERNEL = {"w8a16": "w8a16", "w8a8": "w8a8", "scaled_mm": "scaled_mm", "dense": "dequant_matmul"}
 
 
 @dataclass
@@ -157,15 +159,14 @@ def _host(x: torch.Tensor, w: FP8Weight, bias) -> torch.Tensor:
 
 
 def _scaled_mm(x2: torch.Tensor, w: FP8Weight, bias) -> torch.Tensor:
-    s = per_token_scales(x2.float())
-    xq = quantize_fp8(x2.float(), s)
+    xq, s = quantize_per_token(x2)
     return torch._scaled_mm(xq, w.weight.t(), scale_a=s, scale_b=w.scale.view(1, -1), bias=bias,
                             out_dtype=x2.dtype)
 
 
 def _run(x2: torch.Tensor, w: FP8Weight, cfg: dict, bias) -> torch.Tensor:
-    """One step on one config: the W8A16 kernel, torch._scaled_mm, or the dequantized weight."""
-    if cfg["kind"] == "w8a16":
+    """One step on one config: the W8A16 or W8A8 kernel, torch._scaled_mm, or the dequantized weight."""
+    if cfg["kind"] in ("w8a16", "w8a8"):
         return w8a16.launch(x2, w.weight, w.scale, w.block, cfg, bias)
     if cfg["kind"] == "scaled_mm":
         return _scaled_mm(x2, w, bias)
@@ -173,49 +174,46 @@ def _run(x2: torch.Tensor, w: FP8Weight, cfg: dict, bias) -> torch.Tensor:
 
 
 def plan(x2: torch.Tensor, w: FP8Weight) -> tuple[str, dict | None]:
-    """(the kernel the layer runs for x2's shape, its config), as tuned so far (the
-    W8A16 kernel's config None before its first call)."""
+    """(the kernel the layer runs for x2's shape, its config), as tuned so far (a Triton
+    kernel's config None before its first call)."""
     M, K = x2.shape
     names = candidates(device_class(x2), x2.dtype, M, w.layout)
     key = shape_key(M, w.out_features, K, w.layout, x2.dtype)
-    if len(names) == 2:
-        picked = chosen(TUNED_PATH, key)
-        name = KIND_TO_KERNEL[picked["kind"]] if picked is not None else names[0]
-    else:
-        name = names[0]
-    return name, (chosen(TUNED_KERNEL, key) if name == "w8a16" else None)
+    name = names[0]
+    if len(names) > 1 and (picked := chosen(TUNED_PATH, key)) is not None:
+        name = KIND_TO_KERNEL[picked["kind"]]
+    tuned = {"w8a16": TUNED_KERNEL, "w8a8": TUNED_A8}.get(name)
+    return name, (chosen(tuned, key) if tuned else None)
 
 
-def _w8a16_config(x2: torch.Tensor, w: FP8Weight, bias, key: tuple) -> dict:
-    """The W8A16 kernel's config for this shape: its candidates timed once (checked against the first)."""
+def _kernel_config(x2: torch.Tensor, w: FP8Weight, bias, key: tuple, a8: bool = False) -> dict:
+    """The W8A16 (or W8A8) kernel's config for this shape: its candidates timed once (checked against the first)."""
     bk = w.block[1] if w.block else 0
-    return autotune(TUNED_KERNEL, key, lambda: w8a16_configs(x2.shape[0], x2.dtype, x2.device, bk),
-                    lambda c: _run(x2, w, c, bias), checked=(x2.dtype, w.layout),
-                    cold_l2_device=x2.device if x2.is_cuda else None)
+    configs = (lambda: w8a8_configs(x2.shape[0], x2.device)) if a8 else \
+        (lambda: w8a16_configs(x2.shape[0], x2.dtype, x2.device, bk))
+    return autotune(TUNED_A8 if a8 else TUNED_KERNEL, key, configs, lambda c: _run(x2, w, c, bias),
+                    checked=(x2.dtype, w.layout), cold_l2_device=x2.device if x2.is_cuda else None)
 
 
-def w8a16_tuned(x2: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [M, K] @ W^T (+ bias) on the W8A16 kernel alone with its tuned config, whatever the
-    selection would run (benchmarks compare it with the others)."""
+def w8a16_tuned(x2: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None, a8: bool = False) -> torch.Tensor:
+    """x2 [M, K] @ W^T (+ bias) on the W8A16 kernel (a8: the W8A8 one) alone with its tuned
+    config, whatever the selection would run (benchmarks compare it with the others)."""
     key = shape_key(x2.shape[0], w.out_features, x2.shape[1], w.layout, x2.dtype)
-    return _run(x2, w, _w8a16_config(x2, w, bias, key), bias)
+    return _run(x2, w, _kernel_config(x2, w, bias, key, a8), bias)
 
 
 def _tuned(x2: torch.Tensor, w: FP8Weight, names: tuple[str, ...], bias) -> torch.Tensor:
-    """The GPU layouts: the W8A16 kernel on its tuned config; where another path can run the
-    step too, the faster of the two, timed once per shape (without the agreement check,
-    which the two products' different activation rounding would fail)."""
+    """The GPU layouts: each Triton kernel on its tuned config; where several kernels can run
+    the step, the fastest, timed once per shape (without the agreement check, which the
+    products' different activation rounding would fail)."""
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, K = x2.shape
     if M == 0:
         return x2.new_empty(0, w.out_features)
     key = shape_key(M, w.out_features, K, w.layout, x2.dtype)
-    other = SCALED_MM if "scaled_mm" in names else DENSE if "dequant_matmul" in names else None
-    if "w8a16" not in names:
-        return _run(x2, w, other, bias)
-    cfg = _w8a16_config(x2, w, bias, key)
-    if other is not None:
-        cfg = autotune(TUNED_PATH, key, [cfg, other], lambda c: _run(x2, w, c, bias),
-                       cold_l2_device=x2.device if x2.is_cuda else None)
+    path = [_kernel_config(x2, w, bias, key, a8=name == "w8a8") if name in ("w8a16", "w8a8")
+            else SCALED_MM if name == "scaled_mm" else DENSE for name in names]
+    cfg = path[0] if len(path) == 1 else autotune(TUNED_PATH, key, path, lambda c: _run(x2, w, c, bias),
+                                                  cold_l2_device=x2.device if x2.is_cuda else None)
     return _run(x2, w, cfg, bias)

@@ -2,14 +2,18 @@
 counts 1, 16, 64: every tuner candidate of the W8A16 kernel (the hardware e4m3 conversion and the
 bit moves Ampere runs) against the float32 weight-only product; the layer (whatever the
 selection and the tuner pick) against the float32 product of the kernel it runs, eagerly and
-replayed from a CUDA graph; per-channel and 128x128 block scales; no 16-bit copy of the weight.
+replayed from a CUDA graph; per-channel and 128x128 block scales; no 16-bit copy of the weight;
+every candidate of the W8A8 kernel against the float32 product of the per-token quantized
+activations; the one-launch activation quantization byte for byte against torch's.
 The default run takes a few shapes; `-m slow` all of them."""
 import pytest
 import torch
 
 from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, linear, plan, prepare
 from llm_kernels.fp8 import w8a16
-from llm_kernels.fp8.configs import w8a16_configs
+from llm_kernels.fp8.act_quant import quantize_per_token
+from llm_kernels.fp8.configs import w8a8_configs, w8a16_configs
+from llm_kernels.fp8.reference import per_token_scales, quantize_fp8, scaled_mm_available
 from llm_kernels.w4a16.workspace import workspace
 from tests.gpu.conftest import cases, check, rel_err
 
@@ -19,7 +23,7 @@ QKV, O, GATE_UP, DOWN = (3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)
 EVERY = [(K, N, M, scales) for (K, N) in (QKV, O, GATE_UP, DOWN) for M in (1, 16, 64)
          for scales in ("channel", "block")]
 DEFAULT = [(*QKV, 1, "channel"), (*QKV, 16, "block"), (*GATE_UP, 16, "channel"), (*DOWN, 64, "channel"),
-           (*O, 64, "block")]
+           (*O, 64, "block"), (*O, 256, "channel")]
 
 
 def fp8_layer(K, N, scales, gen):
@@ -55,6 +59,10 @@ def test_fp8_layer_at_qwen25_7b_shapes(K, N, M, scales):
     ref = x.float() @ w_deq.t() + bias.float()
     for cfg in w8a16_configs(M, x.dtype, x.device, block[1] if block else 0):
         check(w8a16.launch(x, p.weight, p.scale, p.block, cfg, bias), ref, torch.bfloat16, f"w8a16 {cfg}")
+    if block is None and scaled_mm_available(x.device):
+        ref_a8 = kernel_reference("w8a8", x, w_deq, act, bias)
+        for cfg in w8a8_configs(M, x.device):
+            check(w8a16.launch(x, p.weight, p.scale, None, cfg, bias), ref_a8, torch.bfloat16, f"w8a8 {cfg}")
     out = linear(x, p, bias)  # tunes this shape
     kernel, cfg = plan(x, p)
     check(out, kernel_reference(kernel, x, w_deq, act, bias), torch.bfloat16, f"layer ({kernel} {cfg})")
@@ -82,3 +90,33 @@ def test_weight_only_kernel_runs_where_the_gpu_has_no_fp8_conversion():
     native = w8a16.launch(x, q, s, None, cfg)
     bits = w8a16.launch(x, q, s, None, {**cfg, "cvt": "bits"})
     assert rel_err(bits, native) < 1e-3
+
+
+@pytest.mark.parametrize("K", [3584, 18944])
+def test_activation_quantization_is_torchs_byte_for_byte(K):
+    """The hardware's rounding (cvt.rn.satfinite) and IEEE division: the bytes and scales of
+    torch's five-kernel version, every e4m3 midpoint included, eagerly and from a CUDA graph."""
+    gen = torch.Generator(device="cuda").manual_seed(K)
+    if not scaled_mm_available(torch.device("cuda")):
+        pytest.skip("no FP8 conversion below sm_89")
+    x = (torch.randn(64, K, device="cuda", generator=gen) * 4).to(torch.bfloat16)
+    vals = torch.arange(256, dtype=torch.uint8)
+    vals = vals[(vals & 0x7F) != 0x7F].view(FP8).float().unique()
+    row = torch.cat([torch.tensor([448.0]), vals, (vals[1:] + vals[:-1]) / 2]).cuda()
+    x32 = x.float()
+    x32[0].zero_()
+    x32[1, : row.numel()] = row
+    x32[1, row.numel():] = 0
+    for inp in (x, x32):
+        q, s = quantize_per_token(inp)
+        rs = per_token_scales(inp.float())
+        assert torch.equal(s, rs)
+        assert torch.equal(q.view(torch.uint8), quantize_fp8(inp.float(), rs).view(torch.uint8))
+    static = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gq, gs = quantize_per_token(static)
+    static.copy_(x.flip(0))
+    graph.replay()
+    q, s = quantize_per_token(x.flip(0))
+    assert torch.equal(gq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(gs, s)

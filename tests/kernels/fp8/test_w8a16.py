@@ -2,14 +2,16 @@
 the dequantized weight: per-channel, per-tensor and block scales, token counts 1, 5 and 33, N and
 K that are not multiples of the tiles, fp16, bf16 and float32 activations, every interpreter
 config (split-K and not, the hardware conversion and the bit moves); the split-K partials
-reduce in a fixed order; the bit-moved conversion is exact for every e4m3 byte."""
+reduce in a fixed order; the bit-moved conversion is exact for every e4m3 byte. The same kernel
+as W8A8 (activations quantized per token first) against the float32 product of the quantized
+activations and the dequantized weight."""
 import pytest
 import torch
 from tests.kernels.kernel_checks import assert_close
 
-from llm_kernels.fp8 import FP8, dequantize_fp8, w8a16_reference
+from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, w8a16_reference
 from llm_kernels.fp8 import dequant, w8a16
-from llm_kernels.fp8.configs import w8a16_config, w8a16_configs
+from llm_kernels.fp8.configs import w8a8_config, w8a8_configs, w8a16_config, w8a16_configs
 from llm_kernels.w4a16.workspace import workspace
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -113,3 +115,26 @@ def test_a_block_k_that_does_not_divide_the_scale_block_is_refused(rng):
     with pytest.raises(ValueError, match="does not divide"):
         w8a16.launch(torch.randn(1, 128), q, s, block, w8a16_config(16, 16, 64, split=1))
     assert all(c["BK"] <= 32 for c in w8a16_configs(1, torch.bfloat16, torch.device("cpu"), 32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind,N,K", [("channel", 72, 200), ("tensor", 40, 96)])
+@pytest.mark.parametrize("M", [1, 5, 33])
+def test_w8a8_configs_match_the_quantized_product(rng, poisoned, dtype, kind, N, K, M):
+    """Every interpreter config of the W8A8 kernel (split-K and not, tails of M, N and K), with a
+    bias: the float32 product of the per-token quantized activations and the dequantized weight."""
+    q, s, _ = layer(rng, N, K, kind)
+    x = torch.randn(M, K, generator=rng).to(dtype)
+    bias = torch.randn(N, generator=rng).to(dtype)
+    ref = fp8_qdq_per_token(x.float()) @ dequantize_fp8(q, s).t() + bias.float()
+    for cfg in w8a8_configs(M, x.device):
+        with poisoned():
+            out = w8a16.launch(x, q, s, None, cfg, bias)
+        assert out.dtype == dtype
+        assert_close(out.float(), ref, dtype, rng.initial_seed(), f"{kind} M={M} {cfg}")
+
+
+def test_w8a8_takes_per_channel_scales_only(rng):
+    q, s, block = layer(rng, 32, 128, "block", (32, 32))
+    with pytest.raises(ValueError, match="per-channel"):
+        w8a16.launch(torch.randn(1, 128), q, s, block, w8a8_config(16, 16, 32, split=1))

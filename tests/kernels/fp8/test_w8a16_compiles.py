@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llm_kernels.fp8.aot import compile_w8a16
-from llm_kernels.fp8.configs import w8a16_config
+from llm_kernels.fp8.configs import w8a8_configs, w8a16_config
 from tests.kernels.fresh_process import run_fresh
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,6 +32,21 @@ def check_compile(arch: int, cvt: str, mma: str) -> None:
     assert mma in ptx and "cp.async" in ptx  # tensor cores, and the weight tiles pipelined
     assert ("cvt.rn.f16x2.e4m3x2" in ptx) == (arch >= 89 and cvt == "native")
     assert k.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.parametrize("arch,mma", [(90, "wgmma.mma_async.sync.aligned.m64n"), (89, "mma.sync.aligned.m16n8k32")])
+def test_the_w8a8_kernel_compiles_to_fp8_tensor_cores(arch, mma):
+    run_fresh(__name__, "check_w8a8_compile", arch, mma)
+
+
+def check_w8a8_compile(arch: int, mma: str) -> None:
+    """Every GPU candidate at 64 and 256 tokens: e4m3 x e4m3 MMAs, pipelined loads, no
+    conversion of the operands, within Hopper's shared memory."""
+    for M in (64, 256):
+        for cfg in w8a8_configs(M, torch.device("cuda")):
+            ptx = (k := compile_w8a16(arch, torch.bfloat16, cfg)).asm["ptx"]
+            assert f"{mma}" in ptx and ".e4m3.e4m3" in ptx and "cp.async" in ptx, cfg
+            assert "cvt.rn.f16x2.e4m3x2" not in ptx and k.metadata.shared <= 227 * 1024, cfg
 
 
 def test_the_hardware_conversion_is_refused_below_sm89():

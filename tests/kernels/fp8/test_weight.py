@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from tests.kernels.kernel_checks import assert_close
 
+from llm_kernels import dispatch
 from llm_kernels.dense import dense_linear
 from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, linear, plan, prepare, w8a16_reference
 from llm_kernels.fp8 import weight as fp8_weight
@@ -83,11 +84,12 @@ def test_block_scales_of_merged_shards(rng, sizes):
     assert torch.equal(fp8_weight.dequantize(p, torch.float32), ref_w)
 
 
-def test_tuner_times_both_paths_without_the_agreement_check(fake_gpu, monkeypatch, rng):
-    """17-128 tokens on an FP8 GPU: the W8A16 kernel's configs are timed and checked among
-    themselves, then the best against _scaled_mm, whose output differs by the activation's
-    rounding (5% here) and is still taken when faster."""
-    gpu = fake_gpu({"w8a16": 20e-6, "scaled_mm": 10e-6})
+@pytest.mark.parametrize("fastest", ["scaled_mm", "w8a8"])
+def test_tuner_times_every_path_without_the_agreement_check(fake_gpu, monkeypatch, rng, fastest):
+    """17-128 tokens on an FP8 GPU: each Triton kernel's configs are timed and checked among
+    themselves, then the best of each against _scaled_mm, whose outputs differ by the
+    activation's rounding (5% here); the fastest is taken though it disagrees."""
+    gpu = fake_gpu({"w8a16": 20e-6, "w8a8": 8e-6 if fastest == "w8a8" else 12e-6, "scaled_mm": 10e-6})
 
     def run(x2, w, cfg, bias):
         gpu.log.append(cfg["kind"])
@@ -95,9 +97,12 @@ def test_tuner_times_both_paths_without_the_agreement_check(fake_gpu, monkeypatc
 
     monkeypatch.setattr(fp8_weight, "device_class", lambda x: "cuda-fp8")
     monkeypatch.setattr(fp8_weight, "_run", run)
-    q, s = channel_layer(rng, 48 + int(rng.initial_seed() % 1000) * 16, 64)  # a shape of its own
+    q, s = channel_layer(rng, 48 + int(rng.initial_seed() % 1000) * 16 + len(fastest), 64)  # a shape of its own
     p = prepare(q, s, torch.bfloat16, layout=SCALED)
     x = torch.randn(32, 64, generator=rng).to(torch.bfloat16)
     assert fp8_weight.plan(x, p) == ("w8a16", None)  # before tuning: the list's first
-    fp8_weight._tuned(x, p, ("w8a16", "scaled_mm"), None)
-    assert fp8_weight.plan(x, p)[0] == "scaled_mm"
+    fp8_weight._tuned(x, p, ("w8a16", "w8a8", "scaled_mm"), None)
+    timed = [c for (name, *_), runs in dispatch.TIMINGS.items() if name == fp8_weight.TUNED_PATH for c, _ in runs]
+    assert sorted(c["kind"] for c in timed) == ["scaled_mm", "w8a16", "w8a8"]
+    kernel, cfg = fp8_weight.plan(x, p)
+    assert kernel == fastest and (cfg is None) == (fastest == "scaled_mm")
