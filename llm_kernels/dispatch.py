@@ -63,7 +63,20 @@ def jit_helper(fn):
     return fn
 
 
+_USES: dict = {}  # module -> the modules whose @jit_helper functions its kernels call too
+
+
+def uses_helpers_of(module: str, *others: str) -> None:
+    """The kernels of `module` call @jit_helper functions of `others` too (imported by name):
+    a launch builds those in its mode, in their own modules (where they call each other)
+    and in `module`, before `module`'s own (which win a shared name)."""
+    _USES.setdefault(module, []).extend(o for o in others if o not in _USES.get(module, []))
+
+
 def _install_helpers(module: str, namespace: dict, mode: bool) -> None:
+    for other in _USES.get(module, ()):
+        _install_helpers(other, vars(sys.modules[other]), mode)
+        namespace.update(_HELPERS_BUILT.get((other, mode), {}))
     helpers = _HELPERS.get(module)
     if not helpers:
         return

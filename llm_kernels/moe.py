@@ -8,9 +8,13 @@ dim (see AWQExperts). The reference loops over the experts that have tokens
 interpreter) sorts the (token, slot) pairs by expert and pads each expert's
 run to the GEMM's BLOCK_M with torch ops on the device (moe_align: static
 sizes, no host synchronisation, so it can be captured in a CUDA graph), then
-runs two grouped GEMMs of llm_kernels.moe_gemm, one launch each: w13 with the
-gather of token rows and silu(gate) * up fused in, then w2 with the routing
-weight multiplied in, one row per (token, slot); the slots are summed last.
+runs two grouped GEMMs, one launch each: w13 with the gather of token rows and
+silu(gate) * up fused in, then w2 with the routing weight multiplied in, one row
+per (token, slot); the slots are summed last. The GEMMs are llm_kernels.moe_gemm's
+(dense, and AWQ in blocks of 32 rows and more) and llm_kernels.moe_gemm_awq's (AWQ
+in blocks of 16: decode). Up to ALIGN_PAIRS pairs on a GPU the sort/pad is one
+Triton program (`_align_kernel`) instead of a dozen torch kernels: in an E4 profile
+on an H100 those took about 3 ms of a 26 ms step at 50 sequences.
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from llm_kernels import moe_gemm
+from llm_kernels import moe_gemm, moe_gemm_awq
 from llm_kernels.w4a16.awq_format import awq_dequantize, check_awq_shapes
-from llm_kernels.dispatch import autotune, next_pow2, use_triton
+import triton.language as tl
+
+from llm_kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
 
 
 class AWQExperts(NamedTuple):
@@ -108,6 +114,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """
     n = topk_ids.numel()
     dev = topk_ids.device
+    size = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
+    if use_triton(topk_ids) and 0 < n <= ALIGN_PAIRS:
+        sorted_ids = torch.empty(size, dtype=torch.int32, device=dev)
+        block_expert = torch.empty(size // block_m, dtype=torch.int32, device=dev)
+        total = torch.empty(1, dtype=torch.int32, device=dev)
+        slots = torch.empty(next_pow2(num_experts + 1), dtype=torch.int32, device=dev)
+        _align_kernel[(1,)](topk_ids.reshape(-1), sorted_ids, block_expert, total, slots, n, num_experts, size,
+                            block_m, E_BINS=slots.numel(), CHUNK=_CHUNK, num_warps=4)
+        return sorted_ids, block_expert, total
     flat = topk_ids.reshape(-1).to(torch.int64)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
@@ -116,13 +131,55 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     e_sorted, order = torch.sort(flat, stable=True)  # the pairs grouped by expert, token order within
     first = counts.cumsum(0) - counts  # where each expert's pairs begin in `order`
     dest = starts[e_sorted] + torch.arange(n, device=dev) - first[e_sorted]
-    size = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
     sorted_ids = torch.full((size,), n, dtype=torch.int32, device=dev)
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
     block_starts = torch.arange(0, size, block_m, device=dev)
     # the expert whose padded run holds a block's first row: the first with end > start
     block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
     return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+ALIGN_PAIRS = 4096  # up to this many (token, slot) pairs, moe_align is one Triton launch
+_CHUNK = 128  # pairs a step of that launch ranks at once
+
+
+@lazy_jit
+def _align_kernel(ids_ptr, sorted_ptr, blk_e_ptr, total_ptr, next_ptr, n, E, size, block_m,
+                  E_BINS: tl.constexpr, CHUNK: tl.constexpr):
+    """moe_align in one program: the experts' counts (a histogram, E_BINS > E so masked lanes
+    fall in a bin of their own), padded run ends (a prefix sum), the padding filled with the
+    sentinel n, then each chunk of pairs, in order, scattered to its expert's next free slot:
+    next_ptr [E_BINS] holds those slots, a lane's rank among the chunk's earlier lanes of its
+    expert comes from a CHUNK x CHUNK comparison (stable: token order within an expert)."""
+    lanes = tl.arange(0, CHUNK)
+    bins = tl.arange(0, E_BINS)
+    counts = tl.zeros([E_BINS], tl.int32)
+    for c0 in range(0, n, CHUNK):
+        e = tl.load(ids_ptr + c0 + lanes, mask=c0 + lanes < n, other=E).to(tl.int32)
+        counts += tl.histogram(e, E_BINS)
+    counts = tl.where(bins < E, counts, 0)
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = tl.cumsum(padded, 0)
+    tl.store(next_ptr + bins, ends - padded)
+    for s0 in range(0, size, CHUNK):
+        tl.store(sorted_ptr + s0 + lanes, tl.full([CHUNK], 0, tl.int32) + n, mask=s0 + lanes < size)
+    total = tl.max(ends, 0)
+    tl.store(total_ptr, total)
+    for b0 in range(0, size // block_m, CHUNK):  # a block's expert: how many runs end at or before it
+        start = (b0 + lanes) * block_m
+        ended = tl.sum((tl.where(bins < E, ends, size + 1)[None, :] <= start[:, None]).to(tl.int32), 1)
+        tl.store(blk_e_ptr + b0 + lanes, tl.minimum(ended, E - 1), mask=b0 + lanes < size // block_m)
+    tl.debug_barrier()
+    earlier = lanes[None, :] < lanes[:, None]
+    for c0 in range(0, n, CHUNK):
+        live = c0 + lanes < n
+        e = tl.load(ids_ptr + c0 + lanes, mask=live, other=E).to(tl.int32)
+        rank = tl.sum(((e[None, :] == e[:, None]) & earlier).to(tl.int32), 1)
+        slot = tl.load(next_ptr + e, mask=live, other=0, cache_modifier=".cg") + rank  # past L1: atomics moved it
+        tl.store(sorted_ptr + slot, c0 + lanes, mask=live)
+        tl.debug_barrier()  # every lane has read its expert's next slot before any moves it
+        tl.atomic_add(next_ptr + e, 1, mask=live)
+        tl.debug_barrier()
 
 
 # ----------------------------------------------------------------------------
@@ -148,15 +205,28 @@ _CANDIDATES = {
 }
 
 
+# (BLOCK_W words = 8 BLOCK_W columns, BLOCK_K, warps, stages) of the AWQ plane kernel
+# (llm_kernels.moe_gemm_awq), which takes AWQ's blocks of 16 rows (decode). On an H100 at
+# Qwen3-30B-A3B's shapes it ran them in 0.63x (w13) and 0.87x (w2) the widening kernel's best
+# time at 10 tokens, 0.61x and 0.73x at 50; from 32 rows a block (prefill, large batches) the
+# widening kernel won every shape timed (512 to 4,096 tokens: its wgmma tiles against 16
+# float32 accumulators of plane dots), so it alone runs those
+_PLANES = [(32, 64, 4, 3), (16, 128, 4, 3)]
+
+
 def moe_configs(block_m: int, dtype, device, group_size: int | None = None) -> list[dict]:
     """Candidate configs of one grouped GEMM; the first is the interpreter's and the
     one used when a shape is first met inside a graph capture. AWQ caps BLOCK_K at
     the group size (a K step is one group)."""
+    if group_size and block_m == 16:  # the plane kernel's ("BW": words of 8 columns a program)
+        small = device.type != "cuda" or dtype == torch.float32
+        return [{"kind": "planes", "BM": block_m, "BW": bw, "BK": min(bk, group_size), "warps": warps,
+                 "stages": stages, "GM": 8} for bw, bk, warps, stages in ([(4, 32, 4, 2)] if small else _PLANES)]
+    out = []
     if device.type != "cuda" or dtype == torch.float32:  # the interpreter, or the float32 correctness path
         cands = [(32, 32, 4, 2)]
     else:
         cands = _CANDIDATES[block_m]
-    out = []
     for bn, bk, warps, stages in cands:
         cfg = {"BM": block_m, "BN": bn, "BK": min(bk, group_size or bk), "warps": warps, "stages": stages, "GM": 8}
         if cfg not in out:
@@ -169,7 +239,8 @@ def _gemm(name, a, weights, out, align, topk_weights, config, key, **how):
     group = getattr(weights, "group_size", None)
 
     def run(cfg):
-        return moe_gemm.launch(a, weights, out, align, topk_weights, cfg, **how)
+        gemm = moe_gemm_awq if cfg.get("kind") == "planes" else moe_gemm
+        return gemm.launch(a, weights, out, align, topk_weights, cfg, **how)
 
     if config is None:
         config = autotune(name, key, lambda: moe_configs(key[0], a.dtype, a.device, group), run,

@@ -28,6 +28,24 @@ from llm_kernels.dispatch import jit_helper, lazy_jit
 
 
 @jit_helper
+def block_of(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """(M block, N block) of program pid: GROUP_M M blocks side by side walk the N blocks
+    together, so their weight tiles stay in L2."""
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_m, (pid % per_group) // group_m
+
+
+@jit_helper
+def block_rows(ids_ptr, blk_e_ptr, pid_m, num_valid, A_DIV: tl.constexpr, BLOCK_M: tl.constexpr):
+    """M block pid_m's flat (token, slot) ids, which of them are real (not padding), its
+    expert, and the rows of A they read (id // A_DIV)."""
+    ids = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    return ids, ids < num_valid, tl.load(blk_e_ptr + pid_m).to(tl.int64), (ids // A_DIV).to(tl.int64)
+
+
+@jit_helper
 def _nibble_shifts(BLOCK_N: tl.constexpr):
     """Bit offset of each column's nibble in its word: column c of 8 sits in nibble
     (0, 4, 1, 5, 2, 6, 3, 7)[c] (AutoAWQ's order)."""
@@ -75,18 +93,10 @@ def _moe_gemm_kernel(
     """out[id] = act(A[id // A_DIV] @ B[e]) (* w[id]) for the ids of one M block of expert e."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    # GROUP_M M blocks side by side walk the N blocks together: their B tiles stay in L2
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    pid_m, pid_n = block_of(pid, num_m, num_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return  # padding past the last expert's rows
-    ids = tl.load(ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = ids < num_valid
-    e = tl.load(blk_e_ptr + pid_m).to(tl.int64)
-    rows = (ids // A_DIV).to(tl.int64)
+    ids, valid, e, rows = block_rows(ids_ptr, blk_e_ptr, pid_m, num_valid, A_DIV, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N

@@ -75,7 +75,32 @@ def _step(acc, x, b, xs, s, zw, J: tl.constexpr, OFF: tl.constexpr, FP32: tl.con
 
 
 @jit_helper
-def _scales(s_ptr, g, N, rw, lim):
+def planes_step(a0, a1, a2, a3, a4, a5, a6, a7, x, xs, w, zw, s0, s1, s2, s3, s4, s5, s6, s7,
+                 DEQ: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr, OFF: tl.constexpr, FP32: tl.constexpr):
+    """One K block: the eight plane accumulators plus x times the planes of words w [BK, W]
+    (zeros zw [W], the planes' scales s0..s7 [W]; xs the rows' sums of x)."""
+    if DEQ == 2:
+        p0, p1 = _asm_planes(w, x, 0, MAGIC, ASM)
+        p2, p3 = _asm_planes(w, x, 1, MAGIC, ASM)
+        p4, p5 = _asm_planes(w, x, 2, MAGIC, ASM)
+        p6, p7 = _asm_planes(w, x, 3, MAGIC, ASM)
+    else:
+        p0 = _plane(w, x, 0, DEQ, MAGIC)
+        p1 = _plane(w, x, 1, DEQ, MAGIC)
+        p2 = _plane(w, x, 2, DEQ, MAGIC)
+        p3 = _plane(w, x, 3, DEQ, MAGIC)
+        p4 = _plane(w, x, 4, DEQ, MAGIC)
+        p5 = _plane(w, x, 5, DEQ, MAGIC)
+        p6 = _plane(w, x, 6, DEQ, MAGIC)
+        p7 = _plane(w, x, 7, DEQ, MAGIC)
+    return (_step(a0, x, p0, xs, s0, zw, 0, OFF, FP32), _step(a1, x, p1, xs, s1, zw, 1, OFF, FP32),
+            _step(a2, x, p2, xs, s2, zw, 2, OFF, FP32), _step(a3, x, p3, xs, s3, zw, 3, OFF, FP32),
+            _step(a4, x, p4, xs, s4, zw, 4, OFF, FP32), _step(a5, x, p5, xs, s5, zw, 5, OFF, FP32),
+            _step(a6, x, p6, xs, s6, zw, 6, OFF, FP32), _step(a7, x, p7, xs, s7, zw, 7, OFF, FP32))
+
+
+@jit_helper
+def plane_scales(s_ptr, g, N, rw, lim):
     """The 8 planes' scale vectors of group g (plane j: columns 8 w + ORDER[j])."""
     srow = s_ptr + g * N + rw * 8
     m = rw < lim
@@ -86,7 +111,7 @@ def _scales(s_ptr, g, N, rw, lim):
 
 
 @jit_helper
-def _store8(optr, mask, a0, a1, a2, a3, a4, a5, a6, a7):
+def store8(optr, mask, a0, a1, a2, a3, a4, a5, a6, a7):
     """Plane j's tile goes to columns 8 w + ORDER[j]."""
     dt = optr.dtype.element_ty
     tl.store(optr + 0, a0.to(dt), mask=mask)
@@ -100,7 +125,7 @@ def _store8(optr, mask, a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @jit_helper
-def _zeros8(BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+def zeros8(BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
     """Eight float32 [BLOCK_M, BLOCK_W] tiles of zeros: one per nibble plane."""
     return (tl.zeros([BLOCK_M, BLOCK_W], tl.float32), tl.zeros([BLOCK_M, BLOCK_W], tl.float32),
             tl.zeros([BLOCK_M, BLOCK_W], tl.float32), tl.zeros([BLOCK_M, BLOCK_W], tl.float32),
@@ -157,7 +182,7 @@ def _wide_weights(qp, z, shifts, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     return ((q >> shifts[None, :]) & 0xF) - z[None, :]
 
 
-_ASM_PAIR = (
+ASM_PAIR = (
     # $2,$3: two words; $4: prmt selector; $6: magic. prmt gathers byte B of
     # both words into the two 16-bit halves; lop3 (a & b) | c keeps one nibble
     # per half and ORs in the magic exponent: two 16-bit floats OFF + q.
@@ -189,7 +214,7 @@ def _awq_gemm_kernel(
     wmask = rw < N8
     xptr = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
     wptr = qw_ptr + rk[:, None].to(tl.int64) * N8 + rw[None, :]
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _zeros8(BLOCK_M, BLOCK_W)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = zeros8(BLOCK_M, BLOCK_W)
     b0 = pid_k * bps
     b1 = tl.minimum(nblk, b0 + bps)
     if PREFETCH:
@@ -200,7 +225,7 @@ def _awq_gemm_kernel(
         x_next = tl.load(xptr + b0 * BK, mask=mmask[:, None], other=0.0)
         g0 = (b0 * BK) // G
         zw_next = tl.load(qz_ptr + g0 * N8 + rw, mask=wmask, other=0)
-        s0n, s1n, s2n, s3n, s4n, s5n, s6n, s7n = _scales(s_ptr, g0, N, rw, N8)
+        s0n, s1n, s2n, s3n, s4n, s5n, s6n, s7n = plane_scales(s_ptr, g0, N, rw, N8)
     for blk in range(b0, b1):
         nb = blk + 1
         nlim = tl.where(nb < b1, N8, 0)
@@ -217,35 +242,16 @@ def _awq_gemm_kernel(
             x_next = tl.load(xptr + nb * BK, mask=(rm < tl.where(nb < b1, M, 0))[:, None], other=0.0)
             gn = (nb * BK) // G
             zw_next = tl.load(qz_ptr + gn * N8 + rw, mask=rw < nlim, other=0)
-            s0n, s1n, s2n, s3n, s4n, s5n, s6n, s7n = _scales(s_ptr, gn, N, rw, nlim)
+            s0n, s1n, s2n, s3n, s4n, s5n, s6n, s7n = plane_scales(s_ptr, gn, N, rw, nlim)
         else:
             x = tl.load(xptr + k0, mask=mmask[:, None], other=0.0)
             g = k0 // G
             zw = tl.load(qz_ptr + g * N8 + rw, mask=wmask, other=0)
-            s0, s1, s2, s3, s4, s5, s6, s7 = _scales(s_ptr, g, N, rw, N8)
+            s0, s1, s2, s3, s4, s5, s6, s7 = plane_scales(s_ptr, g, N, rw, N8)
         xs = tl.sum(x.to(tl.float32), axis=1)
-        if DEQ == 2:
-            p0, p1 = _asm_planes(w, x, 0, MAGIC, ASM)
-            p2, p3 = _asm_planes(w, x, 1, MAGIC, ASM)
-            p4, p5 = _asm_planes(w, x, 2, MAGIC, ASM)
-            p6, p7 = _asm_planes(w, x, 3, MAGIC, ASM)
-        else:
-            p0 = _plane(w, x, 0, DEQ, MAGIC)
-            p1 = _plane(w, x, 1, DEQ, MAGIC)
-            p2 = _plane(w, x, 2, DEQ, MAGIC)
-            p3 = _plane(w, x, 3, DEQ, MAGIC)
-            p4 = _plane(w, x, 4, DEQ, MAGIC)
-            p5 = _plane(w, x, 5, DEQ, MAGIC)
-            p6 = _plane(w, x, 6, DEQ, MAGIC)
-            p7 = _plane(w, x, 7, DEQ, MAGIC)
-        acc0 = _step(acc0, x, p0, xs, s0, zw, 0, OFF, FP32)
-        acc1 = _step(acc1, x, p1, xs, s1, zw, 1, OFF, FP32)
-        acc2 = _step(acc2, x, p2, xs, s2, zw, 2, OFF, FP32)
-        acc3 = _step(acc3, x, p3, xs, s3, zw, 3, OFF, FP32)
-        acc4 = _step(acc4, x, p4, xs, s4, zw, 4, OFF, FP32)
-        acc5 = _step(acc5, x, p5, xs, s5, zw, 5, OFF, FP32)
-        acc6 = _step(acc6, x, p6, xs, s6, zw, 6, OFF, FP32)
-        acc7 = _step(acc7, x, p7, xs, s7, zw, 7, OFF, FP32)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = planes_step(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, x, xs, w, zw, s0, s1, s2, s3, s4, s5, s6, s7,
+            DEQ, MAGIC, ASM, OFF, FP32)
     omask = mmask[:, None] & wmask[None, :]
     optr = out_ptr + rm[:, None].to(tl.int64) * stride_om + rw[None, :] * 8
     if USE_WS:
@@ -261,7 +267,7 @@ def _awq_gemm_kernel(
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if arrived == split - 1:
-            t0, t1, t2, t3, t4, t5, t6, t7 = _zeros8(BLOCK_M, BLOCK_W)
+            t0, t1, t2, t3, t4, t5, t6, t7 = zeros8(BLOCK_M, BLOCK_W)
             first = ws_ptr + pid.to(tl.int64) * (8 * P) + loc
             step = ntiles.to(tl.int64) * (8 * P)
             for p0 in range(0, split, 2):  # fixed order (deterministic); 16 loads in flight
@@ -271,10 +277,10 @@ def _awq_gemm_kernel(
                     lim = rm < tl.where(p < split, M, 0)
                     pm = lim[:, None] & (lw < BLOCK_W)[None, :]
                     t0, t1, t2, t3, t4, t5, t6, t7 = _add_partial(part, P, pm, t0, t1, t2, t3, t4, t5, t6, t7)
-            _store8(optr, omask, t0, t1, t2, t3, t4, t5, t6, t7)
+            store8(optr, omask, t0, t1, t2, t3, t4, t5, t6, t7)
             tl.atomic_xchg(cnt_ptr + pid, 0)  # ready for the next launch
     else:
-        _store8(optr, omask, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7)
+        store8(optr, omask, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7)
 
 
 @lazy_jit
@@ -389,7 +395,7 @@ def _launch_fused(x, qweight, qzeros, scales, G, cfg):
         x, qweight, qzeros, scales, out, ws_t, cnt_t,
         M, N, K, x.stride(0), out.stride(0), G, nblk, bps, split,
         BK=_block_k(cfg, G), OFF=0.0 if deq == 0 else (128.0 if x.dtype == torch.bfloat16 else 1024.0),
-        MAGIC=0x43004300 if x.dtype == torch.bfloat16 else 0x64006400, ASM=_ASM_PAIR,
+        MAGIC=0x43004300 if x.dtype == torch.bfloat16 else 0x64006400, ASM=ASM_PAIR,
         BLOCK_M=cfg["BM"], BLOCK_W=cfg["BW"], DEQ=deq, USE_WS=split > 1, PREFETCH=cfg.get("pf", True),
         FP32=x.dtype == torch.float32, PFX=cfg.get("pfx", False),
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 1), **extra)

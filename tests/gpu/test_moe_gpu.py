@@ -131,3 +131,42 @@ def test_fused_moe_replays_in_a_cuda_graph(quant, dense, awq, gen):
         graph.replay()
         torch.cuda.synchronize()
         check(out, ref_fn(x, *weights, tw, ti), torch.bfloat16, "replayed fused_moe")
+
+
+def test_fused_moe_awq_every_candidate_config(awq, gen):
+    """Each AWQ candidate of the tuner, the nibble-plane kernel's (decode) and the widening one's, computes the same."""
+    from triton.runtime.errors import OutOfResources
+
+    from llm_kernels.moe import block_m_for, fused_moe_awq, fused_moe_awq_reference, moe_configs
+
+    kinds = set()
+    for T in (4, 50, 512):
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        tw, ti = routing(T, gen)
+        ref = fused_moe_awq_reference(x, *awq, tw, ti)
+        cfgs, too_big = moe_configs(block_m_for(T * TOP_K, E), torch.bfloat16, x.device, G), []
+        kinds |= {c.get("kind") for c in cfgs}
+        for cfg in cfgs:
+            try:
+                out = fused_moe_awq(x, *awq, tw, ti, config=cfg)
+            except OutOfResources:
+                too_big.append(cfg)
+                continue
+            check(out, ref, torch.bfloat16, f"fused_moe_awq T={T} {cfg}")
+        assert len(too_big) <= len(cfgs) // 3, too_big
+    assert kinds == {"planes", None}
+
+
+@pytest.mark.parametrize("T", [1, 10, 50, 512])
+def test_moe_align_in_one_launch_is_the_torch_ops_on_the_gpu(T, gen, monkeypatch):
+    """The one-program sort (atomics, barriers, loads past L1) gives the torch ops' tensors exactly."""
+    from llm_kernels import moe
+
+    _, ti = routing(T, gen)
+    for bm in (16, 64):
+        one_launch = moe.moe_align(ti, E, bm)
+        with monkeypatch.context() as m:
+            m.setattr(moe, "ALIGN_PAIRS", 0)
+            want = moe.moe_align(ti, E, bm)
+        for got, ref in zip(one_launch, want):
+            assert torch.equal(got, ref), (T, bm)

@@ -1,12 +1,13 @@
-"""Fused MoE: the expert sort/pad (moe_align), and the Triton grouped GEMMs
-(interpreted) against the PyTorch reference, dense and AWQ; float32 and float16
-(bf16 dots are broken under the interpreter)."""
+"""Fused MoE: the expert sort/pad (moe_align: the one-launch Triton program against the torch
+ops), and the Triton grouped GEMMs (interpreted) against the PyTorch reference, dense and AWQ
+(the nibble-plane kernel and the widening one); float32 and float16 (bf16 dots are broken
+under the interpreter)."""
 import pytest
 import torch
 import torch.nn.functional as F
 from tests.kernels.kernel_checks import assert_close
 
-from llm_kernels import awq_dequantize, pack_awq_int4
+from llm_kernels import awq_dequantize, moe, pack_awq_int4
 from llm_kernels.moe import (
     AWQExperts,
     awq_experts_dequantize,
@@ -69,6 +70,20 @@ def test_moe_align_groups_and_pads_every_pair_once(T, k, bm, rng):
     assert total == int(((counts + bm - 1) // bm * bm).sum())
 
 
+@pytest.mark.parametrize("T,k,bm,experts", [(1, 2, 16, 8), (37, 2, 16, 8), (200, 1, 64, 8), (70, 8, 16, 128),
+                                             (300, 8, 16, 128)])
+def test_moe_align_in_one_launch_is_the_torch_ops_exactly(T, k, bm, experts, rng, monkeypatch):
+    """The one-program Triton sort (pairs up to ALIGN_PAIRS) and the torch ops beside it (more
+    pairs, the CPU) give the same three tensors: ranks across chunks of 128 pairs, 128 experts,
+    experts with no pairs, blocks past the padded length (the last expert)."""
+    ids = torch.randint(0, experts, (T, k), generator=rng)
+    ids[: T // 2, 0] = 1  # one expert with many runs of blocks
+    one_launch = moe_align(ids, experts, bm)
+    monkeypatch.setattr(moe, "ALIGN_PAIRS", 0)
+    for got, want in zip(one_launch, moe_align(ids, experts, bm)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("pattern", ["random", "skewed"])
@@ -129,8 +144,10 @@ def test_fused_moe_awq_matches_dequantized_reference(dtype, G, H, inter, T, rng,
                                 tw, ti).to(dtype)
     assert_close(dense, ref, dtype, rng.initial_seed(), "dense of the dequantized experts")
     with poisoned():
-        out = fused_moe_awq(x, w13, w2, tw, ti)
+        out = fused_moe_awq(x, w13, w2, tw, ti)  # 16-row blocks: the nibble-plane kernel
+        wide = fused_moe_awq(x, w13, w2, tw, ti, config={"BM": 32, "BN": 32, "BK": 32, "warps": 4, "stages": 2})
     assert_close(out, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}")
+    assert_close(wide, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}, the widening kernel")
 
 
 def test_awq_experts_layout_is_the_checkpoint_stacked(rng):
