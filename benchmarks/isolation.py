@@ -1,17 +1,18 @@
 """R1: what a job at the worker's caps costs a neighbour. One in-process worker (the RunPod
 handler, its admission and caps) on a tiny random Llama on the CPU; a streamed 48-token victim
-runs beside (a) a job with the largest stop list the settings allow, (b) a job of 128 choices,
-(c) the same with 20 logprobs a token. The peer is the victim beside a plain job of the same
+runs beside (a) a job with the largest stop list the settings allow, (b) a job of as many
+choices as MAX_CHOICES allows (32 by default; --choices for another width), (c) the same with
+20 logprobs a token. The peer is the victim beside a plain job of the same
 kind without the costly part, measured in the same run, the rounds interleaved so a slow spell
 of the machine hits both alike: ratio_to_peer is the victim's speed beside the job at the caps
 over its speed beside the plain one (target 1 / 1.5: no job within the caps makes a neighbour's
 time per token more than 1.5x).
 
-    python3 benchmarks/isolation.py [--rounds 5]
+    python3 benchmarks/isolation.py [--rounds 5] [--choices N] [--gpu]
 
 --gpu: the same cases on the engine alone (no worker: `AsyncLLMEngine`, CUDA graphs,
 asynchronous steps) serving Qwen2.5-7B-AWQ shapes (random weights), the victim streamed beside
-the job of 128 choices (with and without 20 logprobs) or beside its plain peer; the victim's
+the job of many choices (with and without 20 logprobs) or beside its plain peer; the victim's
 time per token after its first.
 """
 from __future__ import annotations
@@ -64,18 +65,18 @@ async def victim_mean_tpot(w, neighbour: dict, tag: str) -> float:
     return took / VICTIM_TOKENS
 
 
-def cases(settings, text: list[str]) -> dict[str, tuple[dict, dict]]:
-    """case -> (the job at the caps, its plain peer)."""
+def cases(settings, text: list[str], choices: int) -> dict[str, tuple[dict, dict]]:
+    """case -> (the job at the caps, its plain peer); `choices` the wide job's n."""
     prose = {"prompt": "Action items: Alice sends the report", "sampling_params": {
         "max_tokens": 400, "temperature": 0, "ignore_eos": True}}
     stops = {**prose, "sampling_params": {**prose["sampling_params"], "stop": largest_stop_list(settings, text)}}
     plain = {"prompt": [5, 17, 33, 120], "stream": True, "sampling_params": {
         "max_tokens": VICTIM_TOKENS, "temperature": 0, "ignore_eos": True}}
     wide = {"prompt": [5, 17, 33, 120], "stream": True, "sampling_params": {
-        "n": 128, "temperature": 1.0, "ignore_eos": True, "seed": 1, "max_tokens": 12}}
+        "n": choices, "temperature": 1.0, "ignore_eos": True, "seed": 1, "max_tokens": 12}}
     logprobs = {**wide, "sampling_params": {**wide["sampling_params"], "logprobs": 20}}
-    return {"stop list at its caps": (stops, prose), "n = 128": (wide, plain),
-            "n = 128, 20 logprobs": (logprobs, plain)}
+    return {"stop list at its caps": (stops, prose), f"n = {choices}": (wide, plain),
+            f"n = {choices}, 20 logprobs": (logprobs, plain)}
 
 
 def r1_row(loop, case: str, costly, plain, rounds: int, victim_tpot) -> dict:
@@ -115,7 +116,7 @@ async def _drain(stream) -> None:
         pass
 
 
-def gpu_rows(rounds: int) -> list[dict]:
+def gpu_rows(rounds: int, choices: int) -> list[dict]:
     """R1's n cases on the engine alone, on a GPU (--gpu)."""
     from dataclasses import replace
 
@@ -126,10 +127,10 @@ def gpu_rows(rounds: int) -> list[dict]:
     engine = AsyncLLMEngine.from_config(EngineConfig(model=model_dir(QWEN25_7B, GROUP), load_format="dummy",
                                                      dtype="bfloat16", max_model_len=4096, max_num_seqs=256))
     prompt = [5, 17, 33, 120]
-    wide = SamplingParams(n=128, temperature=1.0, ignore_eos=True, seed=1, max_tokens=12)
+    wide = SamplingParams(n=choices, temperature=1.0, ignore_eos=True, seed=1, max_tokens=12)
     plain = SamplingParams(max_tokens=VICTIM_TOKENS, temperature=0, ignore_eos=True)
-    cases = {"n = 128, GPU engine": (prompt, wide),
-             "n = 128, 20 logprobs, GPU engine": (prompt, replace(wide, logprobs=20))}
+    cases = {f"n = {choices}, GPU engine": (prompt, wide),
+             f"n = {choices}, 20 logprobs, GPU engine": (prompt, replace(wide, logprobs=20))}
     loop = asyncio.new_event_loop()
     loop.run_until_complete(engine_victim_tpot(engine, (prompt, plain), "warm"))
     loop.run_until_complete(engine_victim_tpot(engine, (prompt, wide), "warm-wide"))
@@ -146,26 +147,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gpu", action="store_true", help="the n cases on the engine alone, Qwen2.5-7B-AWQ shapes, CUDA")
+    ap.add_argument("--choices", type=int, default=None,
+                    help="the wide job's n (default: the MAX_CHOICES setting's default; above it, raised to match)")
     ap.add_argument("--out", default=record.default_out(__file__))
     args = ap.parse_args()
+    from handler.settings import load_settings
+
+    choices = args.choices or load_settings({}).max_choices
     if args.gpu:
-        rows = gpu_rows(args.rounds)
+        rows = gpu_rows(args.rounds, choices)
         record.save(rows, args.out)
         print(record.table(rows))
         return
 
     from handler.local import run_job
-    from handler.settings import load_settings
     from handler.worker import Worker
     from tests.models import TOKENIZER_TEXT, make_checkpoint
 
     path = make_checkpoint(os.path.join(tempfile.mkdtemp(prefix="isolation-bench-"), "llama"))
     loop = asyncio.new_event_loop()
-    w = Worker(load_settings({"MODEL_NAME": path, **ENV}))
+    w = Worker(load_settings({"MODEL_NAME": path, **ENV, "MAX_CHOICES": str(choices)}))
     warm = loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": VICTIM}))
     assert warm["status"] == "COMPLETED", warm
     rows = [r1_row(loop, case, costly, plain, args.rounds, lambda job, tag: victim_mean_tpot(w, job, tag))
-            for case, (costly, plain) in cases(w.settings, TOKENIZER_TEXT).items()]
+            for case, (costly, plain) in cases(w.settings, TOKENIZER_TEXT, choices).items()]
     loop.run_until_complete(w.aclose())
     loop.close()
     record.save(rows, args.out)

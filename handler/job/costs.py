@@ -1,4 +1,5 @@
-"""What one job may cost the others: its output tokens across its choices (MAX_JOB_TOKENS:
+"""What one job may cost the others: its choices (MAX_CHOICES: each is a row of every step it
+runs in), its output tokens across its choices (MAX_JOB_TOKENS:
 n, or best_of, times max_tokens) and the size of its response, estimated before it runs from
 its choices, tokens, logprobs and echo (MAX_RESPONSE_MB). Refusals are invalid_input naming the
 field that grows the job; a job without max_tokens gets what fits both instead. A large
@@ -46,7 +47,7 @@ def fitting_max_tokens(params, settings: Any, prompt_chars: int = 0, echo: bool 
 
 
 def check_job_cost(spec, settings: Any) -> None:
-    """MAX_JOB_TOKENS and MAX_RESPONSE_MB on a parsed job with its max_tokens (or n's cost alone)."""
+    """MAX_CHOICES, MAX_JOB_TOKENS and MAX_RESPONSE_MB on a parsed job with its max_tokens (or n's cost alone)."""
     params = spec.params
     if params is None:
         return
@@ -54,6 +55,9 @@ def check_job_cost(spec, settings: Any) -> None:
     choices, asked = params.num_choices, params.max_tokens
     job_tokens = getattr(settings, "max_job_tokens", None)
     grows = spec.field("best_of" if params.best_of else "n") if choices > 1 else spec.field("max_tokens")
+    most = getattr(settings, "max_choices", None)
+    if most and choices > most:
+        raise over_limit(grows, "choices", choices, most, "MAX_CHOICES")
     if job_tokens and asked is not None and choices * asked > job_tokens:
         raise over_limit(grows, f"output tokens ({choices} choices x max_tokens {asked})", choices * asked,
                          job_tokens, "MAX_JOB_TOKENS")

@@ -172,7 +172,7 @@ def test_a_job_whose_choices_the_kv_cache_cannot_hold_yet_waits_as_queued_then_f
     """Two jobs of 64 choices, each the whole KV cache (64 blocks, one a choice): the second waits
     for the first's blocks instead of both running and preempting each other, and that wait is
     queueing: past QUEUE_TIMEOUT_S it fails overloaded (retryable) while the first completes."""
-    w = make_worker(QUEUE_TIMEOUT_S="0.3", NUM_KV_BLOCKS="64")
+    w = make_worker(QUEUE_TIMEOUT_S="0.3", NUM_KV_BLOCKS="64", MAX_CHOICES="64")
     assert loop.run_until_complete(run_job(w.handle, {"id": "warm", "input": {"prompt": "Hi", "sampling_params": {
         "max_tokens": 2, "ignore_eos": True}}}))["status"] == "COMPLETED"
     slow_steps(w, 0.05)  # 12 tokens: about a second

@@ -25,7 +25,8 @@ STALL_LIMIT_S = 0.5
 VICTIM_TOKENS = 48
 BIG = 1_000_000
 ENV = {"MAX_MODEL_LEN": "512", "NUM_KV_BLOCKS": "128", "DEFAULT_MAX_TOKENS": "64", "DEFAULT_BATCH_SIZE": "8",
-       "CUSTOM_CHAT_TEMPLATE": TOOL_TEMPLATE}  # a template that renders tools and tool calls
+       "CUSTOM_CHAT_TEMPLATE": TOOL_TEMPLATE,  # a template that renders tools and tool calls
+       "MAX_CHOICES": "128"}  # jobs at the engine's limit of choices (the setting's default is 32)
 VICTIM = {"prompt": "Meeting notes: the team discussed the budget", "stream": True, "max_batch_size": 1,
           "sampling_params": {"max_tokens": VICTIM_TOKENS, "temperature": 0, "ignore_eos": True}}
 

@@ -7,6 +7,7 @@ import pytest
 
 from handler.errors import JobError
 from handler.job_input import parse_job_input
+from handler.setting_error import SettingsError
 from handler.settings import load_settings
 from tests.handler.conftest import error_of, run
 
@@ -192,8 +193,26 @@ def test_tool_call_arguments_nested_deep_are_invalid_input_not_an_internal_error
         assert "deeper than" in err["message"]
 
 
+def test_a_jobs_choices_have_a_cap():
+    """MAX_CHOICES (32 unless set, 128 at most: the engine's limit) caps n, or best_of when given."""
+    s = load_settings({})
+    assert s.max_choices == 32
+    parse_job_input({"prompt": "Hi", "sampling_params": {"n": 32, "max_tokens": 4}}, s)
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 33, "max_tokens": 4}}, s)
+    assert err["field"] == "sampling_params.n" and err["setting"] == "MAX_CHOICES" and err["limit"] == 32, err
+    err = refusal({"prompt": "Hi", "sampling_params": {"n": 2, "best_of": 40}}, s)
+    assert err["field"] == "sampling_params.best_of" and "40 choices" in err["message"], err
+    err = refusal({"openai_route": "/v1/chat/completions", "openai_input": {
+        "messages": [{"role": "user", "content": "Hi"}], "n": 64}}, s)
+    assert err["field"] == "openai_input.n" and err["setting"] == "MAX_CHOICES", err
+    raised = load_settings({"MAX_CHOICES": "128"})
+    parse_job_input({"prompt": "Hi", "sampling_params": {"n": 128, "max_tokens": 4}}, raised)
+    with pytest.raises(SettingsError, match="MAX_CHOICES"):
+        load_settings({"MAX_CHOICES": "129"})
+
+
 def test_a_jobs_output_tokens_across_its_choices_have_a_cap():
-    s = load_settings({"MAX_JOB_TOKENS": "100"})
+    s = load_settings({"MAX_JOB_TOKENS": "100", "MAX_CHOICES": "128"})
     parse_job_input({"prompt": "Hi", "sampling_params": {"n": 4, "max_tokens": 25}}, s)
     err = refusal({"prompt": "Hi", "sampling_params": {"n": 4, "max_tokens": 26}}, s)
     assert err["field"] == "sampling_params.n" and err["setting"] == "MAX_JOB_TOKENS" and err["limit"] == 100
