@@ -6,8 +6,8 @@ or AWQExperts, the AutoAWQ GEMM layout of each expert stacked along a new first
 dim (see AWQExperts). The reference loops over the experts that have tokens
 (the CPU path and the oracle). The Triton path (CUDA; CPU under the
 interpreter) sorts the (token, slot) pairs by expert and pads each expert's
-run to the GEMM's BLOCK_M with torch ops on the device (moe_align: static
-sizes, no host synchronisation, so it can be captured in a CUDA graph), then
+run to the GEMM's BLOCK_M on the device (moe_align: static sizes, no host
+synchronisation, so it can be captured in a CUDA graph), then
 runs two grouped GEMMs, one launch each: w13 with the gather of token rows and
 silu(gate) * up fused in, then w2 with the routing weight multiplied in, one row
 per (token, slot); the slots are summed last. The GEMMs are llm_kernels.moe_gemm's
@@ -22,11 +22,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+import triton.language as tl
 
 from llm_kernels import moe_gemm, moe_gemm_awq
 from llm_kernels.w4a16.awq_format import awq_dequantize, check_awq_shapes
-import triton.language as tl
-
 from llm_kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
 
 
