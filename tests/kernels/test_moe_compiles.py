@@ -1,0 +1,48 @@
+"""The nibble-plane MoE kernel (llm_kernels.moe_gemm_awq) compiles for Hopper (sm_90) and Ampere
+(sm_80) on this machine without a GPU (Triton's compiler and its ptxas), with the helpers it
+borrows from llm_kernels.w4a16.ckpt and llm_kernels.moe_gemm built in compiled mode: the
+words reach the tensor cores' operand layout from shared memory as loaded (no widened tile
+stored back to shared memory inside the loop, which the widening kernel does). Each check
+runs in a fresh process (tests/kernels/fresh_process.py)."""
+import pytest
+import torch
+
+from tests.kernels.fresh_process import run_fresh
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_plane_kernel_compiles_without_a_shared_memory_round_trip(arch, gated):
+    run_fresh(__name__, "check_compile", arch, gated)
+
+
+def check_compile(arch: int, gated: bool) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from llm_kernels import moe_gemm_awq
+    from llm_kernels.moe import moe_configs
+    from llm_kernels.w4a16.ckpt import ASM_PAIR
+
+    fn = moe_gemm_awq._moe_awq_kernel.built(False)
+    names = fn.arg_names
+    sig = {n: "i32" for n in names}
+    sig.update({"a_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
+                "ids_ptr": "*i32", "blk_e_ptr": "*i32", "total_ptr": "*i32", "topw_ptr": "*fp32"})
+    aligned = ("a_ptr", "qw_ptr", "qz_ptr", "s_ptr", "out_ptr", "N", "K", "stride_am", "stride_om", "stride_qe",
+               "stride_ze", "stride_se")
+    for cfg in moe_configs(16, torch.bfloat16, torch.device("cuda"), 128):  # a GPU's candidates
+        bw, bk, warps, stages = cfg["BW"], cfg["BK"], cfg["warps"], cfg["stages"]
+        const = dict(A_DIV=8 if gated else 1, GATED=gated, MUL_W=not gated, BLOCK_M=16, BLOCK_W=bw, BK=bk,
+                     OFF=128.0, MAGIC=0x43004300, ASM=ASM_PAIR, DEQ=2, FP32=False, GROUP_M=8)
+        src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
+                        constexprs={(names.index(k),): v for k, v in const.items()},
+                        attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
+        ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+        start = ttgir.index("scf.for")
+        loop = ttgir[start: ttgir.index("scf.yield", start)]
+        assert "mma.sync" in ptx and "cp.async" in ptx and "prmt.b32" in ptx, (arch, bw, bk)
+        assert "local_alloc" not in loop, f"a tile stored to shared memory in the loop ({arch}, {bw}, {bk})"
+        assert k.metadata.shared <= 227 * 1024  # within Hopper's shared memory
