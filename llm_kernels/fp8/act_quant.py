@@ -21,6 +21,7 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
 from llm_kernels.fp8.reference import FP8, per_token_scales, quantize_fp8
+from llm_kernels.fp8.select import CUDA_FP8, device_class
 
 MAX_ROW = 32768  # rows up to this wide are read once, held in registers (64 values a thread at most)
 EPS = torch.finfo(torch.float32).eps  # the scale of an all-zero row, as per_token_scales has it
@@ -83,7 +84,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.contiguous()
     q = torch.empty(M, K, dtype=FP8, device=x.device)
     s = torch.empty(M, 1, dtype=torch.float32, device=x.device)
-    native = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9)
+    native = device_class(x) == CUDA_FP8  # cached per device: this runs before every W8A8 GEMM
     block = min(next_pow2(K), MAX_ROW)
     _quant_kernel[(M,)](x, q.view(torch.uint8), s, K, x.stride(0), q.stride(0), EPS_=EPS, BLOCK_=block,
                         ONE_PASS=K <= block, NATIVE=native, num_warps=min(16, max(4, block // 2048)))
