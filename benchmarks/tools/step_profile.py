@@ -6,11 +6,12 @@ batch sizes, that profile and a torch.profiler trace of steady decode steps: the
 kernels and copies by time, by kernel family, and the device's idle time between them.
 
     python3 benchmarks/tools/step_profile.py [--shapes qwen2.5-7b|qwen2.5-0.5b|qwen3-30b-a3b]
-        [--batch 10 50] [--steps 20] [--sync] [--eager] [--max-cudagraph-tokens 0] [--out DIR]
+        [--batch 10 50] [--steps 20] [--sync] [--eager] [--max-cudagraph-tokens 0] [--lora N] [--out DIR]
 
 --eager runs the steps without CUDA graphs, one launch a kernel (the graphs replay the same
 kernels); --sync turns asynchronous scheduling off; --out writes a chrome trace a batch size
-and summary.json.
+and summary.json. --lora N: N random rank-16 adapters on every projection
+(benchmarks/lora_serve.py's), taken in turn by the traced requests.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ QWEN25_05B = dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 # a kernel's family: the first key its name contains
-FAMILIES = (("moe", "MoE"), ("w4a16", "W4A16 GEMM"), ("awq", "W4A16 GEMM"), ("kpack", "W4A16 GEMM"),
+FAMILIES = (("_shrink_kernel", "LoRA"), ("_expand_kernel", "LoRA"), ("moe", "MoE"), ("w4a16", "W4A16 GEMM"), ("awq", "W4A16 GEMM"), ("kpack", "W4A16 GEMM"),
             ("fp8", "FP8 GEMM"), ("scaled_mm", "FP8 GEMM"), ("decode", "paged decode attention"),
             ("prefill", "prefill attention"), ("rms", "RMSNorm"), ("rotary", "rotary"), ("silu", "SiLU-mul"),
             ("write_kv", "KV write"), ("logits", "sampling"), ("sampl", "sampling"), ("gemm", "cuBLAS"),
@@ -130,15 +131,16 @@ def summary(events, steps: int) -> dict:
             "top": [{"name": n, "calls_per_step": c / steps, "us_per_step": t / steps} for n, (c, t) in top]}
 
 
-def trace(eng, batch: int, steps: int, vocab: int):
-    """torch.profiler over `steps` steady decode steps of `batch` sequences: (summary, profile)."""
+def trace(eng, batch: int, steps: int, vocab: int, loras=()):
+    """torch.profiler over `steps` steady decode steps of `batch` sequences (taking `loras` in
+    turn): (summary, profile)."""
     from engine import SamplingParams
 
     rng = random.Random(batch)
     params = SamplingParams(max_tokens=steps + 16, temperature=0, ignore_eos=True, detokenize=False)
     for i in range(batch):
         eng.add_request(f"t{batch}-{i}", {"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(512)]},
-                        params)
+                        params, lora_request=loras[i % len(loras)] if loras else None)
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.requests.values()):
         eng.step()
     for _ in range(3):  # steady decoding, tuned and warm
@@ -172,19 +174,32 @@ def main():
     ap.add_argument("--max-cudagraph-tokens", type=int, default=0,
                     help="graphs for mixed steps up to this many tokens (default 0: the traced steps are pure "
                          "decode, and the engine starts without tuning and capturing mixed steps)")
+    ap.add_argument("--lora", type=int, default=0, help="trace with this many rank-16 adapters taken in turn")
     ap.add_argument("--out", default=None, help="a folder for the chrome traces and summary.json")
     args = ap.parse_args()
     shapes = shapes_by_name[args.shapes]
+    loras, lora_kw = [], {}
+    if args.lora:
+        import tempfile
+
+        from benchmarks.lora_serve import write_adapter
+        from engine import LoRARequest
+
+        folder = tempfile.mkdtemp(prefix="lora-adapters-")
+        loras = [LoRARequest(f"adapter-{i}", i + 1, write_adapter(os.path.join(folder, f"a{i}"), shapes, 16, i))
+                 for i in range(args.lora)]
+        lora_kw = dict(enable_lora=True, max_loras=args.lora, max_lora_rank=16)
     t0 = time.monotonic()
     eng = LLMEngine(EngineConfig(model=serve.model_dir(shapes, serve.GROUP), load_format="dummy", dtype="bfloat16",
                                  max_model_len=4096, max_num_seqs=max(args.batch), gpu_memory_utilization=0.5,
                                  enforce_eager=args.eager, max_cudagraph_tokens=args.max_cudagraph_tokens,
-                                 async_scheduling=not args.sync))
+                                 async_scheduling=not args.sync, **lora_kw))
     print(f"engine ready in {time.monotonic() - t0:.0f} s", flush=True)  # a run stopped later still says this much
-    results = {"shapes": args.shapes, "eager": args.eager, "async_scheduling": not args.sync}
+    results = {"shapes": args.shapes, "eager": args.eager, "async_scheduling": not args.sync, "lora": args.lora}
     for batch in args.batch:
-        results[f"profile-{batch}"] = step_profile(eng, batch, 512, shapes["vocab_size"])
-        results[f"trace-{batch}"], prof = trace(eng, batch, args.steps, shapes["vocab_size"])
+        if not loras:
+            results[f"profile-{batch}"] = step_profile(eng, batch, 512, shapes["vocab_size"])
+        results[f"trace-{batch}"], prof = trace(eng, batch, args.steps, shapes["vocab_size"], loras)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             prof.export_chrome_trace(os.path.join(args.out, f"trace-{batch}.json"))

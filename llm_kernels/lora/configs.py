@@ -7,11 +7,14 @@ shrink {BM, BK, waves | split, slots, warps, stages}: token tile, K step, K spli
 `waves` programs an SM, or `split` parts), programs a tile gets along its distinct slots
 (llm_kernels.lora.kernels.slot_groups; "all" when absent). expand {BM, BN, slots, warps,
 stages}: token tile, N tile, slot programs. Decode takes a program per slot of a tile (its
-adapters' loads in parallel), prefill one or two (a tile of one sequence has one slot)."""
+adapters' loads in parallel), prefill one or two (a tile of one sequence has one slot).
+Configs of kind "onehot" run llm_kernels.lora.onehot (every slot of a tile in one dot;
+`cols`: the stacked operand's columns a dot) and are candidates at decode token counts only."""
 import torch
 
 from llm_kernels.dispatch import next_pow2
 
+ONEHOT = "onehot"  # the kind of llm_kernels.lora.onehot's configs
 TOKEN_BUCKET_CAP = 1024  # token counts above share one key: tiles of one sequence's tokens alike
 
 
@@ -46,7 +49,7 @@ def shrink_configs(T: int, dtype, device) -> list[dict]:
     """Candidates of the shrink for T tokens."""
     if device.type != "cuda":  # the interpreter: small tiles, K split 3 ways (the workspace path)
         return [{"BM": 16, "BK": 32, "split": 3}, {"BM": 32, "BK": 16, "split": 1, "slots": 1},
-                {"BM": 16, "BK": 32, "split": 2, "slots": 2}]
+                {"BM": 16, "BK": 32, "split": 2, "slots": 2}, {"kind": ONEHOT, "BM": 16, "BK": 32, "split": 2, "cols": 32}]
     if dtype == torch.float32:
         return [{"BM": 16, "BK": 32, "waves": 2, "warps": 4, "stages": 2}]
     bm = _bm(T, 64)
@@ -59,7 +62,11 @@ def shrink_configs(T: int, dtype, device) -> list[dict]:
                         {"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
                         {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3},
                         {"BM": bm, "BK": 128, "waves": 2, "slots": 1, "warps": 4, "stages": 3},
-                        {"BM": bm, "BK": 64, "waves": 4, "slots": 2, "warps": 4, "stages": 3}])
+                        {"BM": bm, "BK": 64, "waves": 4, "slots": 2, "warps": 4, "stages": 3},
+                        {"kind": ONEHOT, "BM": 16, "BK": 64, "cols": 128, "waves": 2, "warps": 4, "stages": 3},
+                        {"kind": ONEHOT, "BM": 16, "BK": 64, "cols": 256, "waves": 2, "warps": 8, "stages": 3},
+                        {"kind": ONEHOT, "BM": bm, "BK": 64, "cols": 128, "waves": 2, "warps": 8, "stages": 3},
+                        {"kind": ONEHOT, "BM": bm, "BK": 32, "cols": 256, "waves": 4, "warps": 8, "stages": 3}])
     # prefill: the token tiles alone fill the machine, few or no splits
     return [{"BM": 64, "BK": 64, "waves": 2, "slots": 1, "warps": 4, "stages": 3},
             {"BM": 128, "BK": 64, "waves": 1, "slots": 1, "warps": 8, "stages": 3},
@@ -69,7 +76,8 @@ def shrink_configs(T: int, dtype, device) -> list[dict]:
 def expand_configs(T: int, dtype, device) -> list[dict]:
     """Candidates of the expand for T tokens."""
     if device.type != "cuda":  # the interpreter
-        return [{"BM": 16, "BN": 32}, {"BM": 32, "BN": 64, "slots": 1}, {"BM": 16, "BN": 32, "slots": 2}]
+        return [{"BM": 16, "BN": 32}, {"BM": 32, "BN": 64, "slots": 1}, {"BM": 16, "BN": 32, "slots": 2},
+                {"kind": ONEHOT, "BM": 16, "BN": 32, "cols": 32}]
     if dtype == torch.float32:
         return [{"BM": 16, "BN": 64, "warps": 4, "stages": 2}]
     bm = _bm(T, 64)
@@ -82,7 +90,11 @@ def expand_configs(T: int, dtype, device) -> list[dict]:
                         {"BM": bm, "BN": 128, "slots": 1, "warps": 4, "stages": 2},
                         {"BM": bm, "BN": 64, "slots": 1, "warps": 4, "stages": 2},
                         {"BM": bm, "BN": 128, "slots": 2, "warps": 4, "stages": 2},
-                        {"BM": bm, "BN": 256, "slots": 1, "warps": 8, "stages": 2}])
+                        {"BM": bm, "BN": 256, "slots": 1, "warps": 8, "stages": 2},
+                        {"kind": ONEHOT, "BM": bm, "BN": 64, "cols": 128, "warps": 4, "stages": 2},
+                        {"kind": ONEHOT, "BM": bm, "BN": 64, "cols": 256, "warps": 8, "stages": 2},
+                        {"kind": ONEHOT, "BM": bm, "BN": 128, "cols": 128, "warps": 8, "stages": 2},
+                        {"kind": ONEHOT, "BM": bm, "BN": 32, "cols": 512, "warps": 8, "stages": 1}])
     return [{"BM": 64, "BN": 128, "slots": 1, "warps": 4, "stages": 2},
             {"BM": 128, "BN": 128, "slots": 1, "warps": 8, "stages": 2},
             {"BM": 64, "BN": 256, "slots": 2, "warps": 8, "stages": 2}]

@@ -39,13 +39,14 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2
+from llm_kernels.lora.configs import ONEHOT
 
 NONE = tl.constexpr(2147483647)  # past every slot: the walk's end
 REDUCE_FLOATS = 8192  # a (tile, group)'s split partials, loaded at once (64 registers a thread at 4 warps)
 
 
 @jit_helper
-def _dot_acc(acc, p, q, FP32: tl.constexpr):
+def dot_acc(acc, p, q, FP32: tl.constexpr):
     """acc + p @ q in float32; p takes q's dtype first (y into the weights' dtype)."""
     if FP32:
         return acc + tl.dot(p.to(tl.float32), q.to(tl.float32), input_precision="ieee")
@@ -53,7 +54,7 @@ def _dot_acc(acc, p, q, FP32: tl.constexpr):
 
 
 @jit_helper
-def _tile_slots(slots_ptr, rm, T, S):
+def tile_slots(slots_ptr, rm, T, S):
     """The tile's slots (int32), -1 for rows past T and for slots outside [0, S)."""
     sl = tl.load(slots_ptr + rm, mask=rm < T, other=-1).to(tl.int32)
     return tl.where((sl >= 0) & (sl < S), sl, -1)
@@ -87,7 +88,7 @@ def _shrink_kernel(
     pid_g = tl.program_id(2)
     groups = tl.num_programs(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    sl = _tile_slots(slots_ptr, rm, T, S)
+    sl = tile_slots(slots_ptr, rm, T, S)
     s = _skip_slots(sl, _next_slot(sl, -1), pid_g)
     if s == NONE:
         return  # the tile has no slot for this group (every split of it returns alike)
@@ -107,16 +108,23 @@ def _shrink_kernel(
             kmask = rk < k_end - k0
             xt = tl.load(x_ptrs + k0, mask=mine[:, None] & kmask[None, :], other=0.0)
             at = tl.load(a_s + k0, mask=kmask[:, None] & (rr < R)[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
-            acc = _dot_acc(acc, xt, at, FP32)
+            acc = dot_acc(acc, xt, at, FP32)
         s = _skip_slots(sl, s, groups)
+    finish_shrink(acc, y_ptr, rm, owned, ws_ptr, cnt_ptr, pid_m * groups + pid_g, pid_k, tl.num_programs(1),
+                  BLOCK_M, BLOCK_R, SPLIT_P2)
+
+
+@jit_helper
+def finish_shrink(acc, y_ptr, rm, owned, ws_ptr, cnt_ptr, unit, pid_k, split,
+                  BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr):
+    """A shrink program's float32 [BLOCK_M, BLOCK_R] rows of y (the `owned` ones) into y; with
+    the K split (SPLIT_P2 > 1), its partial to the workspace ([unit][split][BLOCK_M, BLOCK_R]),
+    counted in, and the last of the unit loads all their partials at once and sums them (a
+    fixed tree: deterministic)."""
+    rr = tl.arange(0, BLOCK_R)
     lm = tl.arange(0, BLOCK_M)
     y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :]
     if SPLIT_P2 > 1:
-        # the partial to the workspace ([tile, group][split][BLOCK_M, BLOCK_R]), count in; the
-        # last of the (tile, group) loads all their partials at once and sums them (a fixed
-        # tree: deterministic)
-        split = tl.num_programs(1)
-        unit = pid_m * groups + pid_g
         ws_unit = ws_ptr + unit.to(tl.int64) * (SPLIT_P2 * BLOCK_M * BLOCK_R)
         tl.store(ws_unit + pid_k * (BLOCK_M * BLOCK_R) + lm[:, None] * BLOCK_R + rr[None, :], acc)
         tl.debug_barrier()
@@ -145,7 +153,7 @@ def _expand_kernel(
     pid_g = tl.program_id(2)
     groups = tl.num_programs(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    sl = _tile_slots(slots_ptr, rm, T, S)
+    sl = tile_slots(slots_ptr, rm, T, S)
     first = _skip_slots(sl, _next_slot(sl, -1), pid_g)
     if first == NONE:
         return  # no row of this tile has a slot of this group
@@ -167,7 +175,7 @@ def _expand_kernel(
     while s < NONE:
         ys = tl.where((sl == s)[:, None], y, 0.0)
         bt = tl.load(b_ptrs + s.to(tl.int64) * stride_bs, mask=bmask, other=0.0)  # [BLOCK_R, BLOCK_N]
-        acc = _dot_acc(acc, ys, bt, FP32)
+        acc = dot_acc(acc, ys, bt, FP32)
         s = _skip_slots(sl, s, groups)
     tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
 
@@ -223,8 +231,9 @@ def launch_shrink(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> tor
 
 
 def shrink_units(cfg: dict, S: int, T: int) -> int:
-    """The arrival counters one shrink uses: one per (token tile, group)."""
-    return -(-T // cfg["BM"]) * slot_groups(cfg, S, T)
+    """The arrival counters one shrink uses: one per (token tile, group); one a tile for the
+    one-dot kernel (llm_kernels.lora.onehot, cfg kind "onehot")."""
+    return -(-T // cfg["BM"]) * (1 if cfg.get("kind") == ONEHOT else slot_groups(cfg, S, T))
 
 
 def launch_expand(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:

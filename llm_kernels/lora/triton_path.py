@@ -13,6 +13,7 @@ import torch
 from llm_kernels.dispatch import autotune, interpret_mode, sm_count
 from llm_kernels.lora.configs import expand_configs, expand_key, shrink_configs, shrink_key
 from llm_kernels.lora.kernels import block_r, launch_expand, launch_shrink, shrink_units
+from llm_kernels.lora.onehot import ONEHOT, launch_expand_onehot, launch_shrink_onehot
 
 TUNE_SLOTS = 8
 _COUNTERS: dict = {}  # device -> int32 zeros, the shrink's arrival counters (zero between launches)
@@ -50,7 +51,8 @@ def shrink(x, a, slots, config: dict | None = None) -> torch.Tensor:
     fp32 = _fp32(x.dtype)
 
     def run(cfg, s=slots):
-        return launch_shrink(x, a, s, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], T)), fp32)
+        launch = launch_shrink_onehot if cfg.get("kind") == ONEHOT else launch_shrink
+        return launch(x, a, s, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], T)), fp32)
 
     if config is None:
         synthetic = {}
@@ -80,12 +82,16 @@ def expand(y, b, slots, out, config: dict | None = None) -> None:
                 # y of its own: the call's y has no rows for tokens without an adapter
                 scratch["y"] = torch.linspace(-1, 1, y.numel(), device=y.device).view(y.shape)
             scratch["out"].zero_()
-            return launch_expand(scratch["y"], b, scratch["slots"], scratch["out"], cfg, fp32)
+            return _expand_launcher(cfg)(scratch["y"], b, scratch["slots"], scratch["out"], cfg, fp32)
 
         config = autotune("lora_expand", expand_key(T, N, y.shape[1], out.dtype),
                           lambda: expand_configs(T, out.dtype, out.device), timed, checked=(out.dtype,),
                           cold_l2_device=out.device if out.is_cuda else None)
-    launch_expand(y, b, slots, out, config, fp32)
+    _expand_launcher(config)(y, b, slots, out, config, fp32)
+
+
+def _expand_launcher(cfg: dict):
+    return launch_expand_onehot if cfg.get("kind") == ONEHOT else launch_expand
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,8 @@ check runs in a fresh process (tests/kernels/fresh_process.py)."""
 import pytest
 import torch
 
-from llm_kernels.lora import kernels
-from llm_kernels.lora.configs import expand_configs, shrink_configs
+from llm_kernels.lora import kernels, onehot
+from llm_kernels.lora.configs import ONEHOT, expand_configs, shrink_configs
 from tests.kernels.fresh_process import run_fresh
 
 H100_SHARED = 227 * 1024
@@ -48,7 +48,8 @@ def expand_signature(dt):
 @pytest.mark.parametrize("dtype,T", [("bfloat16", 64), ("bfloat16", 4096), ("float32", 64)])
 def test_candidate_configs_compile_for_sm90(dtype, T):
     """Every candidate of a decode and a prefill token count (float32 has one); the shrink with
-    its split-K epilogue (the other variant is a subset of its code), once without."""
+    its split-K epilogue (the other variant is a subset of its code), once without; the one-dot
+    kernels at 16 and 64 columns a slot."""
     run_fresh(__name__, "check_candidates", dtype, T)
 
 
@@ -57,14 +58,27 @@ def check_candidates(dtype_name: str, T: int) -> None:
     dt, fp32 = ("bf16", False) if dtype == torch.bfloat16 else ("fp32", True)
     cuda = torch.device("cuda")  # only read for its type: nothing touches CUDA
     for i, cfg in enumerate(shrink_configs(T, dtype, cuda)):
+        if cfg.get("kind") == ONEHOT:  # 8 slots of rank 16, and of a merged q/k/v's 3 x 16 (64 columns)
+            for br in (16, 64):
+                k = compiled(onehot._shrink_onehot_kernel, shrink_signature(dt),
+                             {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": br,
+                              "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "SPLIT_P2": 8, "FP32": fp32}, cfg)
+                assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
+            continue
         for split in (8, 1)[: 2 if i == 0 else 1]:
             k = compiled(kernels._shrink_kernel, shrink_signature(dt),
                          {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": 16, "SPLIT_P2": split, "FP32": fp32},
                          cfg)
             assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
     for cfg in expand_configs(T, dtype, cuda):
-        k = compiled(kernels._expand_kernel, expand_signature(dt),
-                     {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": 16, "FP32": fp32}, cfg)
-        assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
-        if not fp32:
-            assert "mma" in k.asm["ptx"]  # the expand's dot on tensor cores
+        for br in (16, 64) if cfg.get("kind") == ONEHOT else (16,):
+            if cfg.get("kind") == ONEHOT:
+                k = compiled(onehot._expand_onehot_kernel, expand_signature(dt),
+                             {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": br,
+                              "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "FP32": fp32}, cfg)
+            else:
+                k = compiled(kernels._expand_kernel, expand_signature(dt),
+                             {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": 16, "FP32": fp32}, cfg)
+            assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
+            if not fp32:
+                assert "mma" in k.asm["ptx"]  # the expand's dot on tensor cores

@@ -15,11 +15,15 @@ from llm_kernels.lora.triton_path import add_lora_triton, counters, tuning_slots
 K, N = 72, 100  # off every block size of the interpreter's configs (16, 32, 64)
 # (shrink, expand): K split 3 ways (the workspace and its last-arrival sum), a program per slot
 # of a tile; no split, wider tiles, one program walking all of a tile's slots; two programs a
-# tile, each walking every other slot
+# tile, each walking every other slot; the one-dot kernels (llm_kernels.lora.onehot) with the
+# slots in chunks of two (a loop over chunks, the last one part past S) and in one chunk
 CONFIGS = [({"BM": 16, "BK": 32, "split": 3}, {"BM": 16, "BN": 32}),
            ({"BM": 32, "BK": 16, "split": 1, "slots": 1}, {"BM": 32, "BN": 64, "slots": 1}),
-           ({"BM": 16, "BK": 32, "split": 2, "slots": 2}, {"BM": 16, "BN": 32, "slots": 2})]
-IDS = ["split3-all", "nosplit-walk", "split2-pairs"]
+           ({"BM": 16, "BK": 32, "split": 2, "slots": 2}, {"BM": 16, "BN": 32, "slots": 2}),
+           ({"kind": "onehot", "BM": 16, "BK": 32, "split": 2, "cols": 32}, {"kind": "onehot", "BM": 16, "BN": 32, "cols": 32}),
+           ({"kind": "onehot", "BM": 32, "BK": 16, "split": 1, "cols": 128},
+            {"kind": "onehot", "BM": 32, "BN": 64, "cols": 256})]
+IDS = ["split3-all", "nosplit-walk", "split2-pairs", "onehot-chunks", "onehot-one-dot"]
 
 
 def reference(out, x, a, b, slots):
@@ -66,19 +70,20 @@ def test_ranks_off_powers_of_two(ranks, rng):
     check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"ranks {ranks}")
 
 
-def test_no_adapter_anywhere_and_out_of_range_slots(rng):
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["walk", "onehot"])
+def test_no_adapter_anywhere_and_out_of_range_slots(cfg, rng):
     """All -1: out untouched. Slots outside [0, S) count as none on the kernels (a kernel
     cannot raise; an unchecked slot would read past the adapters)."""
     out, x, a, b, slots = inputs(19, K, N, torch.float32, rng)
     got = out.clone()
-    add_lora_triton(got, x, a, b, torch.full_like(slots, -1), *CONFIGS[0])
+    add_lora_triton(got, x, a, b, torch.full_like(slots, -1), *cfg)
     assert torch.equal(got, out)
     S = a.shape[0]
     wild = slots.clone()
     wild[::3] = S + 2
     ref = reference(out, x, a, b, torch.where(wild >= S, -1, wild))
     got = out.clone()
-    add_lora_triton(got, x, a, b, wild.to(torch.int64), *CONFIGS[0])
+    add_lora_triton(got, x, a, b, wild.to(torch.int64), *cfg)
     check_update(got, ref, out, torch.where(wild >= S, -1, wild), torch.float32, rng.initial_seed(), "wild slots")
 
 
@@ -152,6 +157,6 @@ def test_tuning_times_inputs_of_its_own(rng, monkeypatch, poisoned):
     assert torch.equal(got, out)
     assert set(seen) == {"lora_shrink", "lora_expand"}
     for name, outs in seen.items():
-        assert len(outs) == 3 and all(torch.isfinite(o).all() and o.abs().sum() > 0 for o in outs), name
+        assert len(outs) == 4 and all(torch.isfinite(o).all() and o.abs().sum() > 0 for o in outs), name
         for o in outs[1:]:
             torch.testing.assert_close(o, outs[0], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,136 @@
+"""The one-dot LoRA kernels: every slot of a token tile in one tensor-core dot, no walk over
+the tile's slots (llm_kernels.lora.kernels walks them, one slot's dot after another).
+
+A decode batch of many adapters puts a few rows of each slot in every token tile. The walking
+kernels then run a chain per program: a reduction to find the next slot, its weight loads,
+its dot, again, one link after the other (about 10 us a launch at batch 50 over 8 slots, H100
+trace: 2.3 ms of a 9.2 ms step). Here the slots are columns of one operand instead:
+
+expand: out[t] += Y[t] @ B, with B [C, BLOCK_N] the stacked b[s][n tile]^T of a chunk of
+SLOTS_C slots (C = SLOTS_C * BLOCK_R rows: column c of Y is slot c // BLOCK_R, rank c % BLOCK_R)
+and Y [BLOCK_M, C] each row's y in its own slot's columns, zeros elsewhere (a masked load). All
+loads of a chunk are in flight at once, and a loop over chunks (S above SLOTS_C) pipelines.
+
+shrink: Z = x @ A, A [BLOCK_K, C] the stacked a[s]^T of a chunk, then each row keeps its own
+slot's BLOCK_R columns of Z (a masked sum over the chunk's slots: adds of exact zeros). The K
+split and its deterministic reduction are the walking shrink's (finish_shrink).
+
+The price: every slot of a chunk is read and multiplied for every token tile, whether the tile
+has rows of it or not. That is what a decode batch over many adapters needs anyway; a prefill
+tile (one sequence, one slot) would read S adapters for one, so the tuner keeps these kernels
+to decode token counts. Rows of slot -1 and slots outside [0, S) match no column: y and out
+rows of such tokens are neither read nor written; a tile without any adapter returns at once.
+"""
+import torch
+import triton.language as tl
+
+from llm_kernels.dispatch import lazy_jit, next_pow2, uses_helpers_of
+from llm_kernels.lora.configs import ONEHOT
+from llm_kernels.lora.kernels import block_r, dot_acc, finish_shrink, shrink_grid, tile_slots
+
+uses_helpers_of(__name__, "llm_kernels.lora.kernels")
+
+
+@lazy_jit
+def _shrink_onehot_kernel(
+    x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
+    T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SLOTS_C: tl.constexpr,
+    SPLIT_P2: tl.constexpr, FP32: tl.constexpr,
+):
+    """y[t, :] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile (one K range)."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    sl = tile_slots(slots_ptr, rm, T, S)
+    if tl.max(sl, axis=0) < 0:
+        return  # no row of the tile has an adapter (every split of it returns alike)
+    owned = sl >= 0
+    rk = tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, SLOTS_C * BLOCK_R)
+    cs, cr = cols // BLOCK_R, cols % BLOCK_R
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_xt + rk[None, :]
+    y = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+    for s0 in range(0, S, SLOTS_C):
+        sc = s0 + cs
+        a_ptrs = a_ptr + sc.to(tl.int64)[None, :] * stride_as + cr[None, :] * stride_ar + rk[:, None]
+        amask = ((sc < S) & (cr < R))[None, :]
+        z = tl.zeros([BLOCK_M, SLOTS_C * BLOCK_R], tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            kmask = rk < k_end - k0
+            xt = tl.load(x_ptrs + k0, mask=owned[:, None] & kmask[None, :], other=0.0)
+            at = tl.load(a_ptrs + k0, mask=kmask[:, None] & amask, other=0.0)  # [BLOCK_K, C]
+            z = dot_acc(z, xt, at, FP32)
+        z = tl.where(sc[None, :] == sl[:, None], z, 0.0)  # each row its own slot's columns
+        y += tl.sum(tl.reshape(z, [BLOCK_M, SLOTS_C, BLOCK_R]), axis=1)
+    finish_shrink(y, y_ptr, rm, owned, ws_ptr, cnt_ptr, pid_m, pid_k, tl.num_programs(1), BLOCK_M, BLOCK_R, SPLIT_P2)
+
+
+@lazy_jit
+def _expand_onehot_kernel(
+    y_ptr, b_ptr, slots_ptr, out_ptr,
+    T, N, R, S, stride_bs, stride_bn, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SLOTS_C: tl.constexpr,
+    FP32: tl.constexpr,
+):
+    """out[t, n tile] += y[t] @ b[slots[t]][n tile]^T for the rows of one token tile."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    sl = tile_slots(slots_ptr, rm, T, S)
+    if tl.max(sl, axis=0) < 0:
+        return
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    omask = (sl >= 0)[:, None] & (rn < N)[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    o = tl.load(o_ptrs, mask=omask, other=0.0)  # first: in flight while the weights load
+    cols = tl.arange(0, SLOTS_C * BLOCK_R)
+    cs, cr = cols // BLOCK_R, cols % BLOCK_R
+    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + cr[None, :]
+    b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + cr[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for s0 in range(0, S, SLOTS_C):
+        sc = s0 + cs
+        yv = tl.load(y_ptrs, mask=sc[None, :] == sl[:, None], other=0.0)  # [BLOCK_M, C]: own slot's columns
+        bt = tl.load(b_ptrs + sc.to(tl.int64)[:, None] * stride_bs,
+                     mask=((sc < S) & (cr < R))[:, None] & (rn < N)[None, :], other=0.0)  # [C, BLOCK_N]
+        acc = dot_acc(acc, yv, bt, FP32)
+    tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
+
+
+def slots_per_chunk(cfg: dict, S: int, br: int) -> int:
+    """SLOTS_C: the slots one dot takes, cfg["cols"] columns of the stacked operand at most
+    (a power of two, at least one slot, no more than S rounded up)."""
+    return max(1, min(next_pow2(S), cfg["cols"] // br))
+
+
+def launch_shrink_onehot(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> torch.Tensor:
+    """llm_kernels.lora.kernels.launch_shrink for a config of kind ONEHOT (one unit a tile)."""
+    T, K = x.shape
+    S, R = a.shape[0], a.shape[1]
+    br = block_r(R)
+    tiles, split, per = shrink_grid(T, K, br, 1, cfg, sms)
+    p2 = 1 if split == 1 else next_pow2(split)
+    y = torch.empty(T, br, dtype=torch.float32, device=x.device)
+    ws = torch.empty(tiles * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
+    _shrink_onehot_kernel[(tiles, split)](
+        x, a, slots, y, ws, counters, T, K, R, S, per, x.stride(0), a.stride(0), a.stride(1),
+        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SLOTS_C=slots_per_chunk(cfg, S, br), SPLIT_P2=p2,
+        FP32=fp32, num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
+    )
+    return y
+
+
+def launch_expand_onehot(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:
+    """llm_kernels.lora.kernels.launch_expand for a config of kind ONEHOT."""
+    T, N = out.shape
+    S, R = b.shape[0], b.shape[2]
+    br = y.shape[1]
+    _expand_onehot_kernel[(-(-N // cfg["BN"]), -(-T // cfg["BM"]))](
+        y, b, slots, out, T, N, R, S, b.stride(0), b.stride(1), out.stride(0),
+        BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_R=br, SLOTS_C=slots_per_chunk(cfg, S, br), FP32=fp32,
+        num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
+    )
+    return out
