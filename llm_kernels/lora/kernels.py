@@ -231,9 +231,9 @@ def launch_shrink(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> tor
 
 
 def shrink_units(cfg: dict, S: int, T: int) -> int:
-    """The arrival counters one shrink uses: one per (token tile, group); one a tile for the
-    one-dot kernel (llm_kernels.lora.onehot, cfg kind "onehot")."""
-    return -(-T // cfg["BM"]) * (1 if cfg.get("kind") == ONEHOT else slot_groups(cfg, S, T))
+    """The arrival counters one shrink uses: one per (token tile, group); for the one-dot
+    kernel (llm_kernels.lora.onehot) one per (tile, chunk of slots), at most S chunks."""
+    return -(-T // cfg["BM"]) * (S if cfg.get("kind") == ONEHOT else slot_groups(cfg, S, T))
 
 
 def launch_expand(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:

@@ -12,8 +12,10 @@ and Y [BLOCK_M, C] each row's y in its own slot's columns, zeros elsewhere (a ma
 loads of a chunk are in flight at once, and a loop over chunks (S above SLOTS_C) pipelines.
 
 shrink: Z = x @ A, A [BLOCK_K, C] the stacked a[s]^T of a chunk, then each row keeps its own
-slot's BLOCK_R columns of Z (a masked sum over the chunk's slots: adds of exact zeros). The K
-split and its deterministic reduction are the walking shrink's (finish_shrink).
+slot's BLOCK_R columns of Z (a masked sum over the chunk's slots: adds of exact zeros). The
+chunks are a grid axis (each row's slot is in one chunk, so the chunks' programs write
+disjoint rows); a chunk without rows in the tile returns at once. The K split and its
+deterministic reduction are the walking shrink's (finish_shrink), per (tile, chunk).
 
 The price: every slot of a chunk is read and multiplied for every token tile, whether the tile
 has rows of it or not. That is what a decode batch over many adapters needs anyway; a prefill
@@ -38,34 +40,35 @@ def _shrink_onehot_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SLOTS_C: tl.constexpr,
     SPLIT_P2: tl.constexpr, FP32: tl.constexpr,
 ):
-    """y[t, :] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile (one K range)."""
+    """y[t, :] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile whose slots are
+    in this program's chunk (slots pid_c * SLOTS_C ...), over one K range."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_c = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = tile_slots(slots_ptr, rm, T, S)
-    if tl.max(sl, axis=0) < 0:
-        return  # no row of the tile has an adapter (every split of it returns alike)
-    owned = sl >= 0
+    s0 = pid_c * SLOTS_C
+    owned = (sl >= s0) & (sl < s0 + SLOTS_C)
+    if tl.max(owned.to(tl.int32), axis=0) == 0:
+        return  # no row of the tile has a slot of this chunk (every split of it returns alike)
     rk = tl.arange(0, BLOCK_K)
     cols = tl.arange(0, SLOTS_C * BLOCK_R)
-    cs, cr = cols // BLOCK_R, cols % BLOCK_R
+    sc, cr = s0 + cols // BLOCK_R, cols % BLOCK_R
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * stride_xt + rk[None, :]
-    y = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-    for s0 in range(0, S, SLOTS_C):
-        sc = s0 + cs
-        a_ptrs = a_ptr + sc.to(tl.int64)[None, :] * stride_as + cr[None, :] * stride_ar + rk[:, None]
-        amask = ((sc < S) & (cr < R))[None, :]
-        z = tl.zeros([BLOCK_M, SLOTS_C * BLOCK_R], tl.float32)
-        for k0 in range(k_begin, k_end, BLOCK_K):
-            kmask = rk < k_end - k0
-            xt = tl.load(x_ptrs + k0, mask=owned[:, None] & kmask[None, :], other=0.0)
-            at = tl.load(a_ptrs + k0, mask=kmask[:, None] & amask, other=0.0)  # [BLOCK_K, C]
-            z = dot_acc(z, xt, at, FP32)
-        z = tl.where(sc[None, :] == sl[:, None], z, 0.0)  # each row its own slot's columns
-        y += tl.sum(tl.reshape(z, [BLOCK_M, SLOTS_C, BLOCK_R]), axis=1)
-    finish_shrink(y, y_ptr, rm, owned, ws_ptr, cnt_ptr, pid_m, pid_k, tl.num_programs(1), BLOCK_M, BLOCK_R, SPLIT_P2)
+    a_ptrs = a_ptr + sc.to(tl.int64)[None, :] * stride_as + cr[None, :] * stride_ar + rk[:, None]
+    amask = ((sc < S) & (cr < R))[None, :]
+    z = tl.zeros([BLOCK_M, SLOTS_C * BLOCK_R], tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        kmask = rk < k_end - k0
+        xt = tl.load(x_ptrs + k0, mask=owned[:, None] & kmask[None, :], other=0.0)
+        at = tl.load(a_ptrs + k0, mask=kmask[:, None] & amask, other=0.0)  # [BLOCK_K, C]
+        z = dot_acc(z, xt, at, FP32)
+    z = tl.where(sc[None, :] == sl[:, None], z, 0.0)  # each row its own slot's columns
+    y = tl.sum(tl.reshape(z, [BLOCK_M, SLOTS_C, BLOCK_R]), axis=1)
+    finish_shrink(y, y_ptr, rm, owned, ws_ptr, cnt_ptr, pid_m * tl.num_programs(2) + pid_c, pid_k,
+                  tl.num_programs(1), BLOCK_M, BLOCK_R, SPLIT_P2)
 
 
 @lazy_jit
@@ -107,18 +110,20 @@ def slots_per_chunk(cfg: dict, S: int, br: int) -> int:
 
 
 def launch_shrink_onehot(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> torch.Tensor:
-    """llm_kernels.lora.kernels.launch_shrink for a config of kind ONEHOT (one unit a tile)."""
+    """llm_kernels.lora.kernels.launch_shrink for a config of kind ONEHOT: a program per (token
+    tile, K split, chunk of slots), a split unit per (tile, chunk)."""
     T, K = x.shape
     S, R = a.shape[0], a.shape[1]
     br = block_r(R)
-    tiles, split, per = shrink_grid(T, K, br, 1, cfg, sms)
+    sc = slots_per_chunk(cfg, S, br)
+    chunks = -(-S // sc)
+    tiles, split, per = shrink_grid(T, K, br, chunks, cfg, sms)
     p2 = 1 if split == 1 else next_pow2(split)
     y = torch.empty(T, br, dtype=torch.float32, device=x.device)
-    ws = torch.empty(tiles * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
-    _shrink_onehot_kernel[(tiles, split)](
+    ws = torch.empty(tiles * chunks * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
+    _shrink_onehot_kernel[(tiles, split, chunks)](
         x, a, slots, y, ws, counters, T, K, R, S, per, x.stride(0), a.stride(0), a.stride(1),
-        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SLOTS_C=slots_per_chunk(cfg, S, br), SPLIT_P2=p2,
-        FP32=fp32, num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
+        BLOCK_M=cfg["BM"], BLOCK_K=cfg["BK"], BLOCK_R=br, SLOTS_C=sc, SPLIT_P2=p2, FP32=fp32, num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
     )
     return y
 

@@ -9,7 +9,8 @@ from tests.kernels.lora.cases import check_update, inputs
 
 from llm_kernels.lora import add_lora, add_lora_reference
 from llm_kernels.lora.configs import shrink_configs, token_bucket
-from llm_kernels.lora.kernels import REDUCE_FLOATS, block_r, shrink_grid, slot_groups
+from llm_kernels.lora.kernels import REDUCE_FLOATS, block_r, shrink_grid, shrink_units, slot_groups
+from llm_kernels.lora.onehot import slots_per_chunk
 from llm_kernels.lora.triton_path import add_lora_triton, counters, tuning_slots
 
 K, N = 72, 100  # off every block size of the interpreter's configs (16, 32, 64)
@@ -131,6 +132,9 @@ def test_grid_and_keys():
     assert shrink_grid(1, 3584, 16, 1, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 28  # capped at 32: 2 steps each
     assert shrink_grid(64, 3584, 16, 8, {"BM": 16, "BK": 64, "waves": 2}, 132)[1] == 8  # 4 tiles x 8 slots x 8
     assert [token_bucket(t) for t in (1, 3, 64, 65, 5000)] == [1, 4, 64, 128, 1024]
+    # the one-dot shrink counts in per (tile, chunk of slots): at most S chunks a tile
+    assert shrink_units({"kind": "onehot", "BM": 16}, 8, 37) == 3 * 8 and shrink_units({"BM": 16}, 8, 37) == 3 * 8
+    assert slots_per_chunk({"cols": 64}, 8, 64) == 1 and slots_per_chunk({"cols": 512}, 5, 16) == 8
     assert shrink_configs(1, torch.float32, torch.device("cpu"))[0]["split"] > 1  # the interpreter splits K
     assert tuning_slots(10, 3, torch.device("cpu")).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
     assert tuning_slots(300, 16, torch.device("cpu"))[[0, 63, 64, 299]].tolist() == [0, 0, 1, 4]
