@@ -1,7 +1,8 @@
 """The Triton kernels of batched LoRA and their launchers: shrink (y = x a[s]^T, float32) then
 expand (out += y b[s]^T), each token on its own slot s, in two launches with no host
 synchronisation (slots is read on the device only, so a CUDA graph can replay them with new
-slots).
+slots). These kernels walk a tile's slots; llm_kernels.lora.onehot takes them all in one dot
+(the tuner times both at decode token counts).
 
 Both kernels tile the tokens (BLOCK_M rows) and give each tile G programs along the grid's last
 axis, one per group of the tile's distinct slots: program g takes distinct slots g, g + G,
