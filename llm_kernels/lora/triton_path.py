@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from llm_kernels.dispatch import autotune, interpret_mode, sm_count
-from llm_kernels.lora.configs import expand_configs, expand_key, shrink_configs, shrink_key
+from llm_kernels.lora.configs import ONEHOT, expand_configs, expand_key, shrink_configs, shrink_key
 from llm_kernels.lora.kernels import block_r, launch_expand, launch_shrink, shrink_units
-from llm_kernels.lora.onehot import ONEHOT, launch_expand_onehot, launch_shrink_onehot
+from llm_kernels.lora.onehot import launch_expand_onehot, launch_shrink_onehot
 
 TUNE_SLOTS = 8
 _COUNTERS: dict = {}  # device -> int32 zeros, the shrink's arrival counters (zero between launches)
@@ -51,8 +51,7 @@ def shrink(x, a, slots, config: dict | None = None) -> torch.Tensor:
     fp32 = _fp32(x.dtype)
 
     def run(cfg, s=slots):
-        launch = launch_shrink_onehot if cfg.get("kind") == ONEHOT else launch_shrink
-        return launch(x, a, s, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], T)), fp32)
+        return _shrink_launcher(cfg)(x, a, s, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], T)), fp32)
 
     if config is None:
         synthetic = {}
@@ -90,7 +89,13 @@ def expand(y, b, slots, out, config: dict | None = None) -> None:
     _expand_launcher(config)(y, b, slots, out, config, fp32)
 
 
+def _shrink_launcher(cfg: dict):
+    """The shrink kernel a config is for: the one-dot kernel (kind ONEHOT) or the walking one."""
+    return launch_shrink_onehot if cfg.get("kind") == ONEHOT else launch_shrink
+
+
 def _expand_launcher(cfg: dict):
+    """The expand kernel a config is for."""
     return launch_expand_onehot if cfg.get("kind") == ONEHOT else launch_expand
 
 
