@@ -57,25 +57,49 @@ def test_decode_matches_reference_and_ignores_hidden_slots(rng, dtype, heads, bl
     assert torch.equal(poisoned, out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("block_size,window", [(16, None), (8, None), (8, 6), (16, 30)])
-def test_prefill_matches_reference_and_ignores_hidden_slots(rng, heads, block_size, window):
+def test_prefill_matches_reference_and_ignores_hidden_slots(rng, dtype, heads, block_size, window):
     """(new tokens, cached prefix) per sequence, one with no new token."""
     hq, hkv = heads
     seqs = [(19, 0), (6, 40), (1, 70), (0, 9), (12, 37)]
     d = 32
     lens = torch.tensor([n + p for n, p in seqs], dtype=torch.int32)
     width = int(-(-lens.max() // block_size))
-    k, v = _cache(rng, len(seqs) * width + 1, block_size, hkv, d, torch.float32)
+    k, v = _cache(rng, len(seqs) * width + 1, block_size, hkv, d, dtype)
     tables = torch.randperm(len(seqs) * width, generator=rng).view(len(seqs), width).to(torch.int32)
     qsl = torch.tensor([0] + [n for n, _ in seqs]).cumsum(0).to(torch.int32)
-    q = torch.randn(int(qsl[-1]), hq, d, generator=rng)
+    q = torch.randn(int(qsl[-1]), hq, d, generator=rng).to(dtype)
     ref = paged_prefill_attention_reference(q, k, v, tables, qsl, lens, 0.2, sliding_window=window)
     out = paged_prefill_attention_cpu(q, k, v, tables, qsl, lens, 0.2, sliding_window=window)
-    assert_close(out, ref, torch.float32, rng.initial_seed(), f"prefill W={window}")
+    assert out.dtype == dtype
+    assert_close(out, ref, dtype, rng.initial_seed(), f"prefill W={window}")
     first = [0 if window is None else max(0, n + p - n - window + 1) for n, p in seqs]
     kn, vn, tn = _poison_hidden(k, v, tables, lens, first)
     assert torch.equal(paged_prefill_attention_cpu(q, kn, vn, tn, qsl, lens, 0.2, sliding_window=window), out)
+
+
+def test_bfloat16_models_attend_without_a_float32_copy(rng, monkeypatch):
+    """A bfloat16 cache of a bfloat16 model reaches SDPA in bfloat16, head-major and contiguous;
+    float32 models, and bfloat16 ones over a scaled (FP8-style) cache, in float32."""
+    import llm_kernels.attention_cpu as cpu
+
+    seen = []
+    real = cpu.F.scaled_dot_product_attention
+    monkeypatch.setattr(cpu.F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((k.dtype, k.is_contiguous(), v.is_contiguous())) or real(q, k, v, **kw))
+    tables = torch.arange(12, dtype=torch.int32).view(3, 4)
+    lens = torch.tensor([30, 3, 17], dtype=torch.int32)
+    qsl = torch.tensor([0, 5, 6, 10], dtype=torch.int32)
+    for dtype, opts, want in ((torch.bfloat16, {}, torch.bfloat16), (torch.float32, {}, torch.float32),
+                              (torch.bfloat16, dict(k_scale=0.5), torch.float32)):
+        k, v = _cache(rng, 12, 8, 2, 16, dtype)
+        seen.clear()
+        paged_decode_attention_cpu(torch.randn(3, 4, 16, generator=rng).to(dtype), k, v, tables, lens, 0.3, **opts)
+        paged_prefill_attention_cpu(torch.randn(10, 4, 16, generator=rng).to(dtype), k, v, tables, qsl, lens, 0.3,
+                                    **opts)
+        assert seen and all(s == (want, True, True) for s in seen), (dtype, opts, seen)
 
 
 def test_fp8_scales_and_softcap(rng):
