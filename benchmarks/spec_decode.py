@@ -86,7 +86,7 @@ def run_closed_loop(engine, jobs: list[tuple[str, list[int]]], params, clients: 
                     raise out.error
                 c = out.outputs[0]
                 res[out.request_id] = {**info, "end": time.perf_counter(), "text": c.text,
-                                       "tokens": len(c.token_ids), **out.metrics}
+                                       "tokens": len(c.token_ids), "token_ids": list(c.token_ids), **out.metrics}
                 del live[out.request_id]
                 if queue:
                     submit()
@@ -196,8 +196,47 @@ def sampling(path: str, dtype: str) -> list[dict]:
         row = summary(res, f"summarize c=1 ngram, {label}, {dt}", None, {"dtype": dt, "sampling": params})
         row["loops"] = {k: loop_report(j["text"]) for k, j in res["on"][0]["jobs"].items()}
         row["texts"] = {k: j["text"] for k, j in res["on"][0]["jobs"].items()}
+        outs = {k: j["token_ids"] for k, j in res["on"][0]["jobs"].items()}
+        row["replay_tokens_per_step"] = replay(ids, outs, prompt_only=False)
+        row["replay_prompt_only"] = replay(ids, outs, prompt_only=True)
         rows.append(row | {"id": "S1-sampling"})
     return rows
+
+
+def replay(prompts: list[tuple[str, list[int]]], outputs: dict[str, list[int]], prompt_only: bool, k: int = 4) -> float:
+    """Output tokens a step if every verify were free: prompt lookup (NGRAM's k, the engine's
+    n-gram sizes) replayed over the outputs, each step taking the drafts that match the output
+    plus one token. prompt_only: drafts only from matches inside the prompt (the source's words;
+    otherwise also from the output so far, where a summary that repeats itself feeds its drafts)."""
+    from engine.spec_decode.config import SpeculativeConfig
+    from engine.spec_decode.ngram import NgramIndex
+
+    cfg = SpeculativeConfig.from_value(NGRAM)
+    tokens = steps = 0
+    for name, prompt in prompts:
+        out = outputs[name]
+        index, source, i = NgramIndex(cfg.prompt_lookup_min, cfg.prompt_lookup_max), None, 0
+        if prompt_only:
+            source = NgramIndex(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            source.propose(prompt + [-1], k)  # indexes the prompt's n-grams followed by a prompt token
+        while i < len(out):
+            seq = prompt + out[:i]
+            if prompt_only:
+                drafts = []
+                for n in range(min(cfg.prompt_lookup_max, len(seq) - 1), cfg.prompt_lookup_min - 1, -1):
+                    p = source.maps[n - cfg.prompt_lookup_min].get(tuple(seq[-n:]))
+                    if p is not None and p < len(prompt):
+                        drafts = prompt[p:p + k]
+                        break
+            else:
+                drafts = index.propose(seq, k)
+            m = 0
+            while m < len(drafts) and i + m < len(out) and drafts[m] == out[i + m]:
+                m += 1
+            i += m + 1
+            steps += 1
+        tokens += len(out)
+    return round(tokens / steps, 2) if steps else 0.0
 
 
 def loop_report(text: str) -> dict:
