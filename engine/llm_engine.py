@@ -116,6 +116,7 @@ class LLMEngine:
         # adapters' slots before the KV cache is sized, so their memory is counted (None: enable_lora off)
         self.lora = LoRAManager.for_engine(config, self.model, self.runner, self.dtype, self.device)
         speculative = SpeculativeConfig.from_value(config.speculative_config)
+        speculative = speculative.for_engine(self.device, self.dtype) if speculative is not None else None
         self.drafter = DraftModel.for_engine(speculative, self, budget)  # draft_model: its KV in the same blocks
         self.memory: dict = {}
         num_blocks = config.num_kv_blocks or num_kv_blocks(self.runner, config, self.max_model_len, budget, self.memory,

@@ -161,7 +161,7 @@ SETTINGS: tuple[Setting, ...] = (
        "step by prompt lookup (`prompt_lookup_max`, `prompt_lookup_min`: the n-grams looked up) and verifies them in "
        "one forward; greedy output is unchanged. `{\"method\": \"draft_model\", \"model\": \"<folder or hub id>\", "
        "\"num_speculative_tokens\": 4}` drafts with a small model of the same tokenizer instead. Off above "
-       "`disable_by_batch_size` running requests (default 8). "
+       "`disable_by_batch_size` running requests (default 8; 2 for bfloat16 on a CPU). "
        "Unset: only `summarize` jobs speculate (SUMMARIZE_SPECULATION).", group="model"),
     # LoRA adapters (worker-vllm's and vLLM's names; handler.lora)
     _s("ENABLE_LORA", "bool", None, "Serve LoRA adapters (LORA_MODULES) beside the base model; unset: on when "

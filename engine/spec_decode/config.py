@@ -2,7 +2,7 @@
 InvalidInputError naming `speculative_config.<field>`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from engine.errors import InvalidInputError
@@ -10,14 +10,17 @@ from engine.validation import is_int, is_number
 
 FIELD = "speculative_config"
 METHODS = ("ngram", "draft_model")
-# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size):
-# on the 2-core CPU verify steps of 5 positions still paid at 8 summaries decoding together
-# (1.18x decode speed, 1.04x end to end; benchmarks/spec_decode.py, S1-x), so no smaller
-# switch. On an H100 a verify step of 5 positions costs 0.99-1.02x a decode step at any batch
-# from 1 to 64 when steps are timed alone (S2), yet E1 with the switch at 64 served 0.76x (c=10)
-# and 0.73x (c=50) the tokens of the same run without speculation (E1-spec; at 8: 1.00x both):
-# a GPU keeps 8 too
+# steps with more running requests than this propose nothing (vLLM's disable_by_batch_size),
+# unless the config sets it: the crossover measured where the engine runs (benchmarks/spec_decode.py,
+# S1-x, summaries decoding together with speculation forced on against off). On the 2-core CPU in
+# float32 verify steps of 5 positions still paid at 8 (1.18x decode speed); in bfloat16, where the
+# int4 kernel's time grows with the rows and attention is cheaper, 1.18x at 1, 1.07x at 2, 0.97x
+# at 4, 0.82x at 8: 2. On an H100 a verify step of 5 positions costs 0.99-1.02x a decode step at
+# any batch from 1 to 64 when steps are timed alone (S2), yet E1 with the switch at 64 served
+# 0.76x (c=10) and 0.73x (c=50) the tokens of the same run without speculation (E1-spec; at 8:
+# 1.00x both): 8.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+CPU_BF16_DISABLE_BY_BATCH_SIZE = 2
 LOOKUP_MIN, LOOKUP_MAX = 2, 4  # the n-grams looked up when neither bound is given
 
 
@@ -32,7 +35,7 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: the small model of the same tokenizer that drafts (a folder or hub id)
     prompt_lookup_max: int = LOOKUP_MAX  # longest n-gram looked up (ngram)
     prompt_lookup_min: int = LOOKUP_MIN  # shortest n-gram looked up (ngram)
-    disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    disable_by_batch_size: int | None = None  # None: default_switch() for the engine's device and dtype
     # ours: a request whose last `acceptance_window` drafted tokens were accepted less often than
     # this pauses its drafts for as many steps (then tries again); 0: never pauses
     min_acceptance_rate: float = 0.2
@@ -72,6 +75,8 @@ class SpeculativeConfig:
                                 ("prompt_lookup_min", 1, 64), ("disable_by_batch_size", 1, 1 << 20),
                                 ("acceptance_window", 1, 1 << 20)):
             v = getattr(self, name)
+            if v is None and name == "disable_by_batch_size":
+                continue
             if not (is_int(v) and low <= v <= high):
                 _fail(name, f"must be an integer in [{low}, {high}], got {v!r}")
         if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
@@ -85,3 +90,15 @@ class SpeculativeConfig:
             _fail("min_acceptance_rate", f"must be a number in [0, 1], got {self.min_acceptance_rate!r}")
         if not isinstance(self.opt_in, bool):
             _fail("opt_in", "must be true or false")
+
+    def for_engine(self, device: str, dtype) -> "SpeculativeConfig":
+        """This config with disable_by_batch_size set: its own, or the default measured for the device and dtype."""
+        if self.disable_by_batch_size is not None:
+            return self
+        return replace(self, disable_by_batch_size=default_switch(device, dtype))
+
+
+def default_switch(device: str, dtype) -> int:
+    """disable_by_batch_size's default where the engine runs (see DEFAULT_DISABLE_BY_BATCH_SIZE)."""
+    cpu_bf16 = device == "cpu" and str(dtype).removeprefix("torch.") == "bfloat16"
+    return CPU_BF16_DISABLE_BY_BATCH_SIZE if cpu_bf16 else DEFAULT_DISABLE_BY_BATCH_SIZE
