@@ -21,9 +21,9 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an i
 
 
 def _native(cache: torch.Tensor, q: torch.Tensor, k_scale: float, v_scale: float) -> bool:
-    """bfloat16 caches of bfloat16 models are attended in bfloat16 (float32 sums inside SDPA, the
-    probabilities rounded to bfloat16 for the values' product, as the GPU kernels do): no float32
-    copy of the context, and half the time a call at 4,500 keys on this 2-core machine."""
+    """bfloat16 caches of bfloat16 models are attended in bfloat16 (torch's CPU kernel accumulates
+    in float32, as the GPU kernels do): no float32 copy of the context, and half the time a call
+    at 4,500 keys on this 2-core machine. FP8 caches and scaled ones take float32."""
     return cache.dtype == q.dtype == torch.bfloat16 and k_scale == v_scale == 1.0
 
 
