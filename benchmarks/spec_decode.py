@@ -2,7 +2,7 @@
 
 S1: summaries of meeting notes (benchmarks/data/notes_*.txt) and a 2,900-word report
 (benchmarks/data/report_transit.txt) by the embedded default model (SmolLM2-135M AWQ), as the
-worker's summarize job asks for them (its messages, chat template and sampling), at c=1 (one
+worker's summarize job asks for them (its messages, chat template, sampling and speculation), at c=1 (one
 document at a time) and c=4 (four clients, closed loop), n-gram speculation on against off in the
 same process, modes taking turns --runs times (medians). Same greedy text required; acceptance
 reported. `--only sampling` compares the summarize jobs' sampling choices (acceptance, loops).
@@ -30,6 +30,13 @@ DATA = os.path.join(ROOT, "benchmarks", "data")
 NOTES = ["notes_launch.txt", "notes_warehouse.txt", "notes_hiring.txt", "notes_clinic.txt"]
 REPORT = "report_transit.txt"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def summarize_ngram(dtype: str) -> dict:
+    """The n-gram speculation the worker gives summarize jobs on this machine in dtype (its drafts a step)."""
+    from handler.engine_setup import summarize_drafts
+
+    return {**NGRAM, "num_speculative_tokens": summarize_drafts(dtype)}
 
 
 def documents() -> dict[str, str]:
@@ -156,12 +163,13 @@ def s1(path: str, runs: int, dtype: str, sampling: dict) -> list[dict]:
     params = summarize_sampling(**sampling)
     rows = []
     for clients, docs, label in ((1, jobs[:4], "notes"), (1, jobs[4:], "report"), (4, jobs, "notes+report")):
-        res, dt = measure(path, docs, params, clients, runs, NGRAM, dtype)
+        spec = summarize_ngram(dtype)
+        res, dt = measure(path, docs, params, clients, runs, spec, dtype)
         case = f"summarize c={clients} ngram" + ("" if label == "notes" or clients == 4 else f", {label}")
         case += "" if dt == "float32" else f", {dt}"
         case += "".join(f", {k} {v}" for k, v in sampling.items())
         rows.append(summary(res, case, 1.8, {"documents": label, "dtype": dt, "sampling": params,
-                                             "speculative_config": NGRAM,
+                                             "speculative_config": spec,
                                              "prompt_tokens": sum(len(i) for _, i in docs)}))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "sampling"}), flush=True)
     return rows

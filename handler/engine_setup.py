@@ -45,6 +45,11 @@ def model_name(settings: Any) -> str:
 
 # the engine's speculation when only summarize jobs use it: requests opt in (handler.summarize.job)
 SUMMARIZE_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "opt_in": True}
+# drafts a step on a CPU in bfloat16, where 4-bit models take torch's int4 kernel, which runs rows
+# in blocks of 4: the default model's linears took 1.6x a decode step's time for a verify step of
+# 4 rows, 2.9x for 5. Summaries of the notes decoded 1.43x as fast as without speculation with 3
+# drafts against 1.20x with 4, the report 1.30x against 1.36x (benchmarks/spec_decode.py, S1).
+CPU_BF16_SUMMARIZE_DRAFTS = 3
 
 
 def speculative_config(settings: Any) -> dict | None:
@@ -52,7 +57,20 @@ def speculative_config(settings: Any) -> dict | None:
     config = getattr(settings, "speculative_config", None)
     if config is not None:
         return config
-    return SUMMARIZE_NGRAM if getattr(settings, "summarize_speculation", False) else None
+    if not getattr(settings, "summarize_speculation", False):
+        return None
+    return {**SUMMARIZE_NGRAM, "num_speculative_tokens": summarize_drafts(getattr(settings, "dtype", "auto"))}
+
+
+def summarize_drafts(dtype: str) -> int:
+    """The summarize jobs' drafts a step for the engine's device and DTYPE."""
+    import torch
+
+    from engine.llm_engine import resolve_device, resolve_dtype
+
+    device = resolve_device("auto")
+    cpu_bf16 = device == "cpu" and resolve_dtype(dtype or "auto", device) == torch.bfloat16
+    return CPU_BF16_SUMMARIZE_DRAFTS if cpu_bf16 else SUMMARIZE_NGRAM["num_speculative_tokens"]
 
 
 def engine_config(settings: Any, model: str, revision_in_path: bool = False):

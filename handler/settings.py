@@ -201,7 +201,8 @@ SETTINGS: tuple[Setting, ...] = (
        "waits behind a long one's prefill, at the price of more map calls.", minimum=0),
     _s("SUMMARIZE_SPECULATION", "bool", True, "`summarize` jobs decode with n-gram speculation (prompt lookup: a "
        "summary reuses its document's words, so several tokens are accepted a step at low concurrency; the text is "
-       "the same). False: they decode one token a step (or as SPECULATIVE_CONFIG says for every job, when set)."),
+       "the same; 4 drafts a step, 3 on a CPU in bfloat16). False: they decode one token a step (or as "
+       "SPECULATIVE_CONFIG says for every job, when set)."),
     _s("MAX_BAD_WORDS", "int", 256, "Most words in one job's `bad_words` (each is tokenized twice, as vLLM "
        "does); more fails invalid_input. Their characters count toward MAX_INPUT_CHARS.", minimum=1),
     _s("MAX_MESSAGES", "int", 1000, "Most chat messages in one job; more fails invalid_input.", minimum=1),

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from handler.engine_setup import check_engine_settings, engine_config
+from handler.engine_setup import check_engine_settings, engine_config, summarize_drafts
 from handler.settings import SettingsError, load_settings
 from handler.worker import Worker
 from handler.worker_vllm_env import start_notes, translate
@@ -84,3 +84,24 @@ def test_configs_as_worker_vllm_writes_them():
     assert engine_config(load_settings({"SUMMARIZE_SPECULATION": "false"}), "m").speculative_config is None
     with pytest.raises(SettingsError, match="SPECULATIVE_CONFIG"):
         check_engine_settings(load_settings({"SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 0}'}))
+
+
+def test_summarize_drafts_fit_the_cpu_int4_kernels_row_block(monkeypatch):
+    """Summarize jobs draft 3 tokens a step on a CPU in bfloat16 (a verify step of 4 rows, one
+    block of torch's int4 kernel), 4 in float32 and on a GPU; SPECULATIVE_CONFIG's own k stands."""
+    import engine.llm_engine as le
+
+    monkeypatch.setattr(le, "resolve_device", lambda device: "cpu")
+    assert summarize_drafts("bfloat16") == 3 and summarize_drafts("float32") == 4
+    bf16 = engine_config(load_settings({"DTYPE": "bfloat16"}), "m").speculative_config
+    assert bf16["num_speculative_tokens"] == 3 and bf16["opt_in"] is True
+    assert engine_config(load_settings({"DTYPE": "float32"}), "m").speculative_config["num_speculative_tokens"] == 4
+    monkeypatch.setattr(le, "cpu_has_native_bf16", lambda: True)
+    assert summarize_drafts("auto") == 3
+    monkeypatch.setattr(le, "cpu_has_native_bf16", lambda: False)
+    assert summarize_drafts("auto") == 4
+    monkeypatch.setattr(le, "resolve_device", lambda device: "cuda")
+    assert summarize_drafts("bfloat16") == 4
+    own = json.dumps({"method": "ngram", "num_speculative_tokens": 5})
+    assert engine_config(load_settings({"DTYPE": "bfloat16", "SPECULATIVE_CONFIG": own}), "m"
+                         ).speculative_config["num_speculative_tokens"] == 5
