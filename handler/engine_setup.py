@@ -47,8 +47,8 @@ def model_name(settings: Any) -> str:
 SUMMARIZE_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "opt_in": True}
 # drafts a step on a CPU in bfloat16, where 4-bit models take torch's int4 kernel, which runs rows
 # in blocks of 4: the default model's linears took 1.6x a decode step's time for a verify step of
-# 4 rows, 2.9x for 5. Summaries of the notes decoded 1.43x as fast as without speculation with 3
-# drafts against 1.20x with 4, the report 1.30x against 1.36x (benchmarks/spec_decode.py, S1).
+# 4 rows, 2.9x for 5. Summaries of the notes decoded 1.42x as fast as without speculation with 3
+# drafts against 1.20x with 4, the report 1.31x against 1.36x (benchmarks/spec_decode.py, S1).
 CPU_BF16_SUMMARIZE_DRAFTS = 3
 
 
