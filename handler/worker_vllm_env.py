@@ -80,8 +80,9 @@ def _refuse(where: str, name: str, value: str, rule: Rule, env: Mapping[str, str
 
 
 def _speculative(out: dict[str, str], notes: list[str]) -> None:
-    """SPECULATIVE_CONFIG as vLLM reads it: `"model": "[ngram]"` (its older spelling) is method ngram;
-    a method this engine lacks (a draft model, EAGLE, ...) is dropped with a note."""
+    """SPECULATIVE_CONFIG as vLLM reads it: `"model": "[ngram]"` (its older spelling) is method ngram,
+    another `model` without a method a draft model (method draft_model); a method this engine lacks
+    (EAGLE, Medusa, MTP, ...) is dropped with a note."""
     raw = (out.get("SPECULATIVE_CONFIG") or "").strip()
     try:
         config = json.loads(raw) if raw else None
@@ -94,9 +95,11 @@ def _speculative(out: dict[str, str], notes: list[str]) -> None:
     if method == "ngram":
         config = {k: v for k, v in config.items() if k != "model"} | {"method": "ngram"}
         out["SPECULATIVE_CONFIG"] = json.dumps(config)
+    elif method == "draft_model":
+        out["SPECULATIVE_CONFIG"] = json.dumps(config | {"method": "draft_model"})
     elif method is not None:
-        notes.append(f"SPECULATIVE_CONFIG: method {method!r} is not implemented here (only ngram); speculation "
-                     "stays as without it")
+        notes.append(f"SPECULATIVE_CONFIG: method {method!r} is not implemented here (only ngram and "
+                     "draft_model); speculation stays as without it")
         out["SPECULATIVE_CONFIG"] = ""
 
 

@@ -107,9 +107,9 @@ _EXPLICIT: dict[str, Rule] = {
     "QUANTIZATION": Rule(HONOURED, "`awq`, `gptq` (and their `_marlin` names), `compressed-tensors`, `fp8`, "
                          "`none`; vLLM's other methods (bitsandbytes, gguf, ...) are noted and the checkpoint's "
                          "own quantization is used"),
-    "SPECULATIVE_CONFIG": Rule(HONOURED, "method `ngram` (`\"model\": \"[ngram]\"` too); other methods (a draft "
-                               "model, EAGLE, ...) are noted and dropped: speculation changes the speed, not what "
-                               "is generated"),
+    "SPECULATIVE_CONFIG": Rule(HONOURED, "methods `ngram` (`\"model\": \"[ngram]\"` too) and `draft_model` (a "
+                               "`model` without a method, as vLLM reads it); other methods (EAGLE, Medusa, MTP, ...) "
+                               "are noted and dropped: speculation changes the speed, not what is generated"),
     "TOOL_CALL_PARSER": Rule(HONOURED, "`hermes`, `llama3_json`, `mistral`", _unknown_tool_parser,
                              "this tool-call parser is not implemented here (hermes, llama3_json, mistral): set "
                              "one of those, unset it (chosen from the chat template), or ENABLE_AUTO_TOOL_CHOICE="

@@ -1,8 +1,9 @@
 """The worker's speculative decoding: summarize jobs draft by prompt lookup unless
 SUMMARIZE_SPECULATION is off (their usage and finished log line carry spec_draft_tokens and
 spec_accepted_tokens; the text is the one without speculation); other jobs speculate only under
-SPECULATIVE_CONFIG; the metrics carry the totals; worker-vllm's draft-model configs are noted and
-dropped, its older `[ngram]` spelling read as ngram; a bad config fails at start naming the variable."""
+SPECULATIVE_CONFIG; the metrics carry the totals; worker-vllm's draft-model configs reach the engine
+as draft_model, its older `[ngram]` spelling as ngram, other methods are noted and dropped; a bad
+config fails at start naming the variable."""
 import json
 import logging
 
@@ -71,9 +72,31 @@ def test_speculative_config_applies_to_every_job(loop, loopy_llama_dir):
         loop.run_until_complete(w.aclose())
 
 
+def test_a_draft_model_as_worker_vllm_names_it(loop, loopy_llama_dir):
+    """worker-vllm's SPECULATIVE_CONFIG with a draft model (`model`, no method): every job drafts
+    with it, and the text is the one without speculation."""
+    cfg = json.dumps({"model": loopy_llama_dir, "num_speculative_tokens": 3})
+    on, off = Worker(settings_for(loopy_llama_dir, SPECULATIVE_CONFIG=cfg)), Worker(
+        settings_for(loopy_llama_dir, SUMMARIZE_SPECULATION="false"))
+    try:
+        a, b = run(loop, on, {"prompt": DOC, **GREEDY}), run(loop, off, {"prompt": DOC, **GREEDY})
+        usage = a["output"][-1]["usage"]
+        assert usage["spec_draft_tokens"] > 0 and usage["spec_accepted_tokens"] > 0
+        assert text_of(a) == text_of(b)
+        assert on.engine.engine.speculator.config.method == "draft_model"
+    finally:
+        loop.run_until_complete(on.aclose())
+        loop.run_until_complete(off.aclose())
+
+
 def test_configs_as_worker_vllm_writes_them():
     env, notes = translate({"SPECULATIVE_CONFIG": '{"model": "org/draft", "num_speculative_tokens": 3}'})
-    assert env["SPECULATIVE_CONFIG"] == "" and any("draft_model" in n for n in notes)
+    assert json.loads(env["SPECULATIVE_CONFIG"]) == {"model": "org/draft", "num_speculative_tokens": 3,
+                                                     "method": "draft_model"} and not notes  # vLLM's reading
+    draft = '{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 4}'
+    assert engine_config(load_settings({"SPECULATIVE_CONFIG": draft}), "m").speculative_config == json.loads(draft)
+    env, notes = translate({"SPECULATIVE_CONFIG": '{"method": "eagle", "model": "org/eagle", "num_speculative_tokens": 3}'})
+    assert env["SPECULATIVE_CONFIG"] == "" and any("'eagle' is not implemented" in n for n in notes)
     env, notes = translate({"SPECULATIVE_CONFIG": '{"model": "[ngram]", "num_speculative_tokens": 3, '
                                                   '"prompt_lookup_max": 3}'})
     settings = load_settings(env)
