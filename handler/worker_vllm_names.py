@@ -66,7 +66,7 @@ _TEXT = "multimodal input tuning; models here are text-only (a non-text content 
 _LORA_KNOB = ("a vLLM LoRA tuning knob this engine does not have; adapters run as ENABLE_LORA, LORA_MODULES, "
               "MAX_LORAS, MAX_LORA_RANK and MAX_CPU_LORAS say")
 _GONE = "gone from vLLM (worker-vllm ignores it too)"
-_OLD_SPEC = "worker-vllm no longer reads it either; use SPECULATIVE_CONFIG (`ngram` here)"
+_OLD_SPEC = "worker-vllm no longer reads it either; use SPECULATIVE_CONFIG (`ngram` or `draft_model` here)"
 _PLUGIN = "vLLM's Python plugins are not loaded here: unset it"
 _MM_LORA = ("multimodal LoRA adapters (per modality) are not served here: models here are text-only; unset it "
             "and name text adapters in LORA_MODULES")
