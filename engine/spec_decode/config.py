@@ -36,6 +36,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = LOOKUP_MAX  # longest n-gram looked up (ngram)
     prompt_lookup_min: int = LOOKUP_MIN  # shortest n-gram looked up (ngram)
     disable_by_batch_size: int | None = None  # None: default_switch() for the engine's device and dtype
+    # vLLM's draft model sharding: only 1 (the draft model runs whole, on one device), taken so
+    # that vLLM's documented draft-model configs load as written
+    draft_tensor_parallel_size: int | None = None
     # ours: a request whose last `acceptance_window` drafted tokens were accepted less often than
     # this pauses its drafts for as many steps (then tries again); 0: never pauses
     min_acceptance_rate: float = 0.2
@@ -86,6 +89,10 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             _fail("prompt_lookup_min", f"({self.prompt_lookup_min}) must not exceed prompt_lookup_max "
                   f"({self.prompt_lookup_max})")
+        if self.draft_tensor_parallel_size is not None and not (
+                is_int(self.draft_tensor_parallel_size) and self.draft_tensor_parallel_size == 1):
+            _fail("draft_tensor_parallel_size", f"must be 1 (the draft model runs unsharded, on one device), "
+                  f"got {self.draft_tensor_parallel_size!r}")
         if not (is_number(self.min_acceptance_rate) and 0 <= self.min_acceptance_rate <= 1):
             _fail("min_acceptance_rate", f"must be a number in [0, 1], got {self.min_acceptance_rate!r}")
         if not isinstance(self.opt_in, bool):

@@ -18,6 +18,8 @@ def test_vllm_keys_and_defaults():
     assert SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 3,
                                          "prompt_lookup_min": 6}).prompt_lookup_max == 6
     assert SpeculativeConfig.from_value(None) is None
+    draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 5, "draft_tensor_parallel_size": 1}
+    assert SpeculativeConfig.from_value(draft).draft_tensor_parallel_size == 1  # vLLM's documented example
 
 
 @pytest.mark.parametrize("value,field", [
@@ -32,8 +34,10 @@ def test_vllm_keys_and_defaults():
      "speculative_config.disable_by_batch_size"),
     ({"method": "ngram", "num_speculative_tokens": 4, "min_acceptance_rate": 2},
      "speculative_config.min_acceptance_rate"),
-    ({"method": "ngram", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1},
+    ({"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 2},
      "speculative_config.draft_tensor_parallel_size"),
+    ({"method": "ngram", "num_speculative_tokens": 4, "draft_model_revision": "main"},
+     "speculative_config.draft_model_revision"),
     ("ngram", "speculative_config"),
 ])
 def test_refusals_name_the_field(value, field):
