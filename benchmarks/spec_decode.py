@@ -230,12 +230,8 @@ def replay(prompts: list[tuple[str, list[int]]], outputs: dict[str, list[int]], 
         while i < len(out):
             seq = prompt + out[:i]
             if prompt_only:
-                drafts = []
-                for n in range(min(cfg.prompt_lookup_max, len(seq) - 1), cfg.prompt_lookup_min - 1, -1):
-                    p = source.maps[n - cfg.prompt_lookup_min].get(tuple(seq[-n:]))
-                    if p is not None and p < len(prompt):
-                        drafts = prompt[p:p + k]
-                        break
+                p = source.latest(seq)
+                drafts = prompt[p:p + k] if p is not None and p < len(prompt) else []
             else:
                 drafts = index.propose(seq, k)
             m = 0

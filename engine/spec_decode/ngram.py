@@ -33,8 +33,14 @@ class NgramIndex:
         if len(tokens) <= self.n_min:
             return []
         self._extend(tokens)
+        p = self.latest(tokens)
+        return [] if p is None else tokens[p:p + k]
+
+    def latest(self, tokens: list[int]) -> int | None:
+        """The position after the latest indexed occurrence of tokens' longest matching tail
+        (n from n_max down to n_min), or None."""
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             p = self.maps[n - self.n_min].get(tuple(tokens[-n:]))
             if p is not None:
-                return tokens[p:p + k]
-        return []
+                return p
+        return None
