@@ -14,6 +14,7 @@ from llm_kernels.w4a16 import prepare as w4a16_prepare
 from llm_kernels.kv_cache import FP8_DTYPES, write_kv_cache
 from llm_kernels.lora import add_lora
 from llm_kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
+from llm_kernels.moe_route import select_experts
 from llm_kernels.norm import fused_add_rms_norm, rms_norm
 from llm_kernels.rotary import rotary_embedding
 from llm_kernels.sampling import logits_summary
@@ -39,6 +40,7 @@ __all__ = [
     "paged_prefill_attention",
     "rms_norm",
     "rotary_embedding",
+    "select_experts",
     "silu_and_mul",
     "unpack_awq_int4",
     "W4A16Weight",

@@ -170,3 +170,28 @@ def test_moe_align_in_one_launch_is_the_torch_ops_on_the_gpu(T, gen, monkeypatch
             want = moe.moe_align(ti, E, bm)
         for got, ref in zip(one_launch, want):
             assert torch.equal(got, ref), (T, bm)
+
+
+@pytest.mark.parametrize("T", [1, 50, 2048])
+def test_the_router_in_one_launch_is_the_torch_ops_on_the_gpu(T, gen):
+    """llm_kernels.select_experts (one Triton launch) picks what softmax + topk + renormalise
+    pick on the GPU, bf16 and float32 logits, and replays in a CUDA graph with new logits."""
+    from llm_kernels.moe_route import select_experts, select_experts_reference
+
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(T, E, device="cuda", generator=gen) * 2).to(dtype)
+        w, ids = select_experts(logits, TOP_K, True)
+        rw, rids = select_experts_reference(logits, TOP_K, True)
+        probs = torch.softmax(logits, -1, dtype=torch.float32)
+        assert torch.equal(probs.gather(1, ids), probs.gather(1, rids))  # the same (bf16 ties: in any order)
+        torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
+    static = logits.clone()
+    select_experts(static, TOP_K, True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gw, gids = select_experts(static, TOP_K, True)
+    static.copy_((torch.randn(T, E, device="cuda", generator=gen) * 2).to(static.dtype))
+    graph.replay()
+    rw, rids = select_experts_reference(static, TOP_K, True)
+    probs = torch.softmax(static, -1, dtype=torch.float32)
+    assert torch.equal(probs.gather(1, gids), probs.gather(1, rids))

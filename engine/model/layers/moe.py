@@ -27,12 +27,9 @@ PACK = 8  # int4 values per int32 word (AWQ)
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     """(weights float32 [T, k], ids int64 [T, k]): softmax in float32 over the experts,
     the top k, renormalised to sum 1 when asked (transformers' Qwen3-MoE / Qwen2-MoE
-    / Mixtral routers; the same ops, so the same choice)."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+    / Mixtral routers): llm_kernels.select_experts, one launch on a GPU, the same torch
+    ops as transformers on the CPU."""
+    return llm_kernels.select_experts(router_logits, top_k, renormalize)
 
 
 class FusedMoE(nn.Module):
