@@ -2,7 +2,8 @@
 (sm_80) on this machine without a GPU (Triton's compiler and its ptxas), with the helpers it
 borrows from llm_kernels.w4a16.ckpt and llm_kernels.moe_gemm built in compiled mode: the
 words reach the tensor cores' operand layout from shared memory as loaded (no widened tile
-stored back to shared memory inside the loop, which the widening kernel does). Each check
+stored back to shared memory inside the loop, which the widening kernel does); and the router
+kernel (llm_kernels.moe_route) compiles for top-1 to top-8 over 8 to 128 experts. Each check
 runs in a fresh process (tests/kernels/fresh_process.py)."""
 import pytest
 import torch
@@ -46,3 +47,28 @@ def check_compile(arch: int, gated: bool) -> None:
         assert "mma.sync" in ptx and "cp.async" in ptx and "prmt.b32" in ptx, (arch, bw, bk)
         assert "local_alloc" not in loop, f"a tile stored to shared memory in the loop ({arch}, {bw}, {bk})"
         assert k.metadata.shared <= 227 * 1024  # within Hopper's shared memory
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("experts,top_k", [(128, 8), (60, 4), (8, 1)])
+def test_the_router_kernel_compiles(arch, experts, top_k):
+    run_fresh(__name__, "check_router_compile", arch, experts, top_k)
+
+
+def check_router_compile(arch: int, experts: int, top_k: int) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from llm_kernels import moe_route
+    from llm_kernels.dispatch import next_pow2
+
+    fn = moe_route._route_kernel.built(False)
+    names = fn.arg_names
+    sig = {n: "i32" for n in names}
+    sig.update({"logits_ptr": "*bf16", "w_ptr": "*fp32", "ids_ptr": "*i64"})
+    const = dict(K=top_k, K_P2=next_pow2(top_k), E_P2=next_pow2(experts), BLOCK_T=moe_route.BLOCK_T, RENORM=True)
+    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+    assert "ld.global" in k.asm["ptx"] and k.metadata.shared <= 48 * 1024
