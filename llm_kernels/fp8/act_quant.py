@@ -2,6 +2,8 @@
 and float32 scales [M] (amax / 448, eps for an all-zero row), the same bytes as
 llm_kernels.fp8.reference's per_token_scales and quantize_fp8 (x in float32, divided by its
 scale with IEEE rounding, clamped to +-448, rounded to the nearest e4m3, ties to even).
+quantize_per_token_group does the same per token and group of columns (scales [M, K/group]),
+as block-scale checkpoints (128 x 128, DeepSeek / Qwen3 FP8) quantize their activations.
 
 Torch's version is five kernels (the float32 copy, abs, amax, the division and clamp, the
 cast) and took 21-72% of the W8A8 path's time on Qwen2.5-7B's layers. One program per row
@@ -72,6 +74,39 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, EPS_: tl.constexpr
             v = tl.load(x_ptr + row * stride_x + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
             v = tl.minimum(tl.maximum(tl.math.div_rn(v, s), -448.0), 448.0)
             tl.store(q_ptr + row * stride_q + k0 + cols, _e4m3_bits(v, NATIVE), mask=k0 + cols < K)
+
+
+@lazy_jit
+def _group_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, EPS_: tl.constexpr,
+                        GROUP: tl.constexpr, NATIVE: tl.constexpr):
+    """Group g of row r (columns g GROUP ...): its scale s[r, g] and its e4m3 values."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    v = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
+    s = tl.max(tl.abs(v), 0) / 448.0
+    s = tl.where(s == 0.0, EPS_, s)
+    tl.store(s_ptr + row * stride_s + g, s)
+    v = tl.minimum(tl.maximum(tl.math.div_rn(v, s), -448.0), 448.0)
+    tl.store(q_ptr + row * stride_q + cols, _e4m3_bits(v, NATIVE), mask=cols < K)
+
+
+def quantize_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of group, a power of two) -> (e4m3 [M, K], float32 scales
+    [M, K / group]): one program per token and group."""
+    M, K = x.shape
+    if K % group or group & (group - 1):
+        raise ValueError(f"quantize_per_token_group: K {K} is not a multiple of the group {group}, a power of two")
+    if not use_triton(x) or M == 0:
+        s = per_token_scales(x.float(), group)
+        return quantize_fp8(x.float(), s, group), s
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    q = torch.empty(M, K, dtype=FP8, device=x.device)
+    s = torch.empty(M, K // group, dtype=torch.float32, device=x.device)
+    _group_quant_kernel[(M, K // group)](x, q.view(torch.uint8), s, K, x.stride(0), q.stride(0), s.stride(0),
+                                         EPS_=EPS, GROUP=group, NATIVE=device_class(x) == CUDA_FP8, num_warps=1)
+    return q, s
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

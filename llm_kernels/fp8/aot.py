@@ -28,7 +28,7 @@ def compile_w8a16(arch: int, dtype, cfg: dict, block=None, split: int = 2, bias:
     a8 = cfg.get("kind") == "w8a8"  # W8A8: e4m3 activations and weight, typed as such (see w8a16.launch)
     sig = {"x_ptr": "*fp8e4nv" if a8 else f"*{t}", "w_ptr": "*fp8e4nv" if a8 else "*u8", "s_ptr": "*fp32", "xs_ptr": "*fp32", "bias_ptr": f"*{t}", "out_ptr": f"*{t}",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-           "stride_wn": "i32", "stride_om": "i32", "stride_sn": "i32", "KPS": "i32"}
+           "stride_wn": "i32", "stride_om": "i32", "stride_sn": "i32", "stride_xs": "i32", "KPS": "i32"}
     const = w8a16.constexprs(cfg, dtype, divmod(arch, 10), block, 1, split, True, bias)
     if forced_cvt is not None:
         const["CVT"] = forced_cvt

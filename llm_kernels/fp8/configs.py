@@ -69,17 +69,22 @@ def w8a8_config(bm, bn, bk=128, warps=4, stages=4, waves=4, split=None):
     return {**c, "kind": "w8a8"}
 
 
-def w8a8_configs(M: int, device) -> list:
+def w8a8_configs(M: int, device, block_k: int = 0) -> list:
     """Candidates for M tokens. The tokens are the MMA's N (up to 128 a tile: FP8 wgmma takes
     N to 256, and the float32 accumulator of 128 x 128 fills half of 8 warps' registers), the
     weight rows its M (64 a warpgroup, 128 on two); K blocks of 128 or 256 bytes (FP8 wgmma
-    steps K by 32); split-K as the W8A16 kernel, for the small layers at few tokens."""
+    steps K by 32); split-K as the W8A16 kernel, for the small layers at few tokens. block_k:
+    the width of the layer's scale blocks (0: per channel), which BLOCK_K must divide."""
     if device.type != "cuda":  # the interpreter: split and whole, tails of M, N and K
-        return [w8a8_config(16, 32, 32, split=1), w8a8_config(16, 32, 32, split=3),
-                w8a8_config(32, 64, 64, split=2)]
-    bm = 16 if M <= 16 else min(128, next_pow2(M))
-    return [w8a8_config(bm, 64, 128), w8a8_config(bm, 128, 128, warps=8),
-            w8a8_config(bm, 64, 256, stages=3), w8a8_config(bm, 128, 256, warps=8, stages=3, waves=2)]
+        cands = [w8a8_config(16, 32, 32, split=1), w8a8_config(16, 32, 32, split=3),
+                 w8a8_config(32, 64, 64, split=2)]
+    else:
+        bm = 16 if M <= 16 else min(128, next_pow2(M))
+        cands = [w8a8_config(bm, 64, 128), w8a8_config(bm, 128, 128, warps=8),
+                 w8a8_config(bm, 64, 256, stages=3), w8a8_config(bm, 128, 256, warps=8, stages=3, waves=2)]
+    if block_k:
+        cands = [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
+    return cands
 
 
 def _largest_divisor(block_k: int) -> int:

@@ -42,8 +42,9 @@ def _w8a16_max_m(s: Step) -> int:
 KERNELS: tuple[Kernel, ...] = (
     Kernel("w8a16", "Triton W8A16 GEMM: e4m3 weights converted in registers, 16-bit dots (llm_kernels.fp8.w8a16)",
            lambda s: s.device in TRITON_DEVICES and s.layout in E4M3_LAYOUTS and s.m <= _w8a16_max_m(s)),
-    Kernel("w8a8", "Triton W8A8 GEMM: activations quantized per token in one launch, e4m3 dots on FP8 tensor "
-           "cores (llm_kernels.fp8.w8a16, A8)", lambda s: _scaled_mm_step(s) and s.m <= 512),
+    Kernel("w8a8", "Triton W8A8 GEMM: activations quantized per token (and scale block) in one launch, e4m3 "
+           "dots on FP8 tensor cores (llm_kernels.fp8.w8a16, A8)",
+           lambda s: s.device == CUDA_FP8 and s.layout in (SCALED, BLOCK) and s.dtype in HALF and s.m <= 512),
     Kernel("scaled_mm", "activations quantized per token in one launch, torch._scaled_mm (cuBLAS FP8, W8A8)",
            lambda s: _scaled_mm_step(s) and s.m > 16),
     Kernel("dequant_matmul", "the weight dequantized by a Triton kernel (llm_kernels.fp8.dequant), then cuBLAS",

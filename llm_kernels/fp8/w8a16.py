@@ -4,7 +4,8 @@ with float32 accumulation, the scales applied to the float32 sums (llm_kernels.f
 holds the tuner's candidates). The same kernel is the W8A8 GEMM (A8): activations quantized
 per token to e4m3 by one launch beforehand (llm_kernels.fp8.act_quant), both operands fed to
 FP8 tensor cores as they are (twice bf16's rate on sm_89+, no conversion in the loop), the
-token scales applied with the channel scales to the float32 sums.
+token scales applied with the channel scales to the float32 sums (with block scales:
+activations quantized per token and block of K, each block's sum scaled by both).
 
 Decode (M = 1-64 tokens) is bound by the weight's bytes: an e4m3 weight is half of bf16's,
 so a kernel that reads it once and hides the conversion approaches 2x bf16 cuBLAS. The
@@ -47,7 +48,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
-from llm_kernels.fp8.act_quant import quantize_per_token
+from llm_kernels.fp8.act_quant import quantize_per_token, quantize_per_token_group
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 BITS_FACTOR = 256.0  # the bit-moved fp16 is 2^-8 times the e4m3 value
@@ -113,7 +114,7 @@ def _dot(w, x, acc, F32: tl.constexpr):
 @lazy_jit(do_not_specialize=["KPS"])
 def w8a16_kernel(
     x_ptr, w_ptr, s_ptr, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, stride_sn, KPS,
+    M, N, K, stride_xm, stride_wn, stride_om, stride_sn, stride_xs, KPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MT: tl.constexpr, SPLIT: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, CVT: tl.constexpr, ASM_CODE: tl.constexpr, ASM_PACK: tl.constexpr,
     F32: tl.constexpr, A8: tl.constexpr,
@@ -126,8 +127,10 @@ def w8a16_kernel(
     stride stride_sn), SCALE_BK a multiple of BLOCK_K. FACTOR: what the conversion left
     out (1 or 2^8). CVT, ASM_CODE: the conversion (_e4m3). SPLIT: the parts of K; above 1 the partials meet in the workspace.
     HAS_BIAS: bias_ptr [N] is added to the float32 sum before the one rounding. A8 (W8A8): x_ptr
-    holds e4m3 activations with per-token scales xs_ptr [M], multiplied by the weight's on
-    FP8 tensor cores (per-channel weight scales only)."""
+    holds e4m3 activations, multiplied by the weight's on FP8 tensor cores; their scales
+    xs_ptr are per token ([M]) with per-channel weight scales, or per token and scale block
+    of K ([M, K / SCALE_BK], row stride stride_xs) with block scales, each K block's sum then
+    scaled by both."""
     t = tl.program_id(0)
     part = tl.program_id(1)
     pid_n = t // MT
@@ -152,7 +155,15 @@ def w8a16_kernel(
             b = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0.0)
             x = tl.load(x_ptrs + k0, mask=mmask[None, :] & kmask[:, None], other=0.0)
         if A8:  # both operands e4m3 as they are: no conversion
-            acc = _dot(b.to(tl.float8e4nv, bitcast=True), x.to(tl.float8e4nv, bitcast=True), acc, F32)
+            if SCALE_BK == 0:
+                acc = _dot(b.to(tl.float8e4nv, bitcast=True), x.to(tl.float8e4nv, bitcast=True), acc, F32)
+            else:  # this block's sum times the weight block's scale (per row) and the tokens' (per column)
+                sb = tl.load(s_ptr + (rn // SCALE_BN).to(tl.int64) * stride_sn + k0 // SCALE_BK, mask=nmask,
+                             other=0.0)
+                xsb = tl.load(xs_ptr + rm.to(tl.int64) * stride_xs + k0 // SCALE_BK, mask=mmask, other=0.0)
+                bsum = _dot(b.to(tl.float8e4nv, bitcast=True), x.to(tl.float8e4nv, bitcast=True),
+                            tl.zeros_like(acc), F32)
+                acc += bsum * sb[:, None] * xsb[None, :]
         else:
             w = _e4m3(b, x, CVT, ASM_CODE, ASM_PACK)
             if SCALE_BK == 0:
@@ -162,8 +173,9 @@ def w8a16_kernel(
                              other=0.0)
                 acc += _dot(w, x, tl.zeros_like(acc), F32) * sb[:, None]
     if A8:
-        xs = tl.load(xs_ptr + rm, mask=mmask, other=0.0)
-        acc *= tl.load(s_ptr + rn, mask=nmask, other=0.0)[:, None] * xs[None, :]
+        if SCALE_BK == 0:
+            xs = tl.load(xs_ptr + rm, mask=mmask, other=0.0)
+            acc *= tl.load(s_ptr + rn, mask=nmask, other=0.0)[:, None] * xs[None, :]
     elif SCALE_BK == 0:
         acc *= tl.load(s_ptr + rn, mask=nmask, other=0.0)[:, None] * FACTOR
     elif FACTOR != 1.0:
@@ -245,8 +257,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
     """x [M, K] @ (weight [N, K] e4m3 * scale)^T (+ bias [N]) in x's dtype with one config of
     llm_kernels.fp8.configs. scale: float32 [N] per channel, or with block (bn, bk) float32
     [cdiv(N, bn), cdiv(K, bk)] (bn 1: a scale row per output row). A "w8a8" config first
-    quantizes x per token (llm_kernels.fp8.act_quant: one launch), then multiplies e4m3 by
-    e4m3 (per-channel scales only)."""
+    quantizes x per token (llm_kernels.fp8.act_quant: one launch; per token and scale block of
+    K with block scales), then multiplies e4m3 by e4m3."""
     M, K = x.shape
     N = weight.shape[0]
     BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
@@ -254,9 +266,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
         raise ValueError(f"w8a16: BLOCK_K {BK} does not divide the scale block {block}")
     xk, wk, xs = x, weight.view(torch.uint8), scale  # as the kernel reads them; xs a stand-in unless W8A8
     if cfg.get("kind") == "w8a8":
-        if block is not None:
-            raise ValueError("w8a8: per-channel weight scales only, not blocks")
-        xk, xs = quantize_per_token(x)
+        if block is not None and (K % block[1] or block[1] & (block[1] - 1)):
+            raise ValueError(f"w8a8: K {K} is not a multiple of the scale block {block}, a power of two")
+        xk, xs = quantize_per_token(x) if block is None else quantize_per_token_group(x, block[1])
         # typed e4m3, not bytes: Triton then feeds both tiles from shared memory to the MMA as
         # loaded (a byte tile bitcast to e4m3 went through registers and back each K step)
         wk = weight
@@ -273,6 +285,6 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
     const = constexprs(cfg, x.dtype, capability(x.device), block, mt, split, K % BK == 0, bias is not None)
     w8a16_kernel[(tiles, split)](
         xk, wk, scale, xs, out if bias is None else bias, out, ws[0], ws[1], M, N, K,
-        xk.stride(0), weight.stride(0), out.stride(0), scale.stride(0), kps, **const,
+        xk.stride(0), weight.stride(0), out.stride(0), scale.stride(0), xs.stride(0), kps, **const,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3))
     return out

@@ -134,7 +134,7 @@ def linear(x: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None) -> t
     if K != w.in_features:
         raise ValueError(f"fp8 linear: x has K={K}, the layer {w.in_features}")
     x2 = x.reshape(-1, K)
-    names = candidates(device_class(x2), x2.dtype, x2.shape[0], w.layout)
+    names = _kernels(x2, w)
     if names == ("dense",):
         return _host(x, w, bias)
     if names == ("reference",):
@@ -143,6 +143,16 @@ def linear(x: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None) -> t
     else:
         y = _tuned(x2, w, names, bias)
     return y.reshape(*lead, w.out_features)
+
+
+def _kernels(x2: torch.Tensor, w: FP8Weight) -> tuple[str, ...]:
+    """The step's candidates (llm_kernels.fp8.select); a block-scale layer takes the W8A8
+    kernel only where its scheme quantizes activations per token and scale block (quantizing
+    those of a weight-only scheme would change its product)."""
+    names = candidates(device_class(x2), x2.dtype, x2.shape[0], w.layout)
+    if w.layout == BLOCK and not (w.act == "group" and w.block and w.group == w.block[1]):
+        names = tuple(n for n in names if n != "w8a8")
+    return names
 
 
 def _host(x: torch.Tensor, w: FP8Weight, bias) -> torch.Tensor:
@@ -177,7 +187,7 @@ def plan(x2: torch.Tensor, w: FP8Weight) -> tuple[str, dict | None]:
     """(the kernel the layer runs for x2's shape, its config), as tuned so far (a Triton
     kernel's config None before its first call)."""
     M, K = x2.shape
-    names = candidates(device_class(x2), x2.dtype, M, w.layout)
+    names = _kernels(x2, w)
     key = shape_key(M, w.out_features, K, w.layout, x2.dtype)
     name = names[0]
     if len(names) > 1 and (picked := chosen(TUNED_PATH, key)) is not None:
@@ -189,7 +199,7 @@ def plan(x2: torch.Tensor, w: FP8Weight) -> tuple[str, dict | None]:
 def _kernel_config(x2: torch.Tensor, w: FP8Weight, bias, key: tuple, a8: bool = False) -> dict:
     """The W8A16 (or W8A8) kernel's config for this shape: its candidates timed once (checked against the first)."""
     bk = w.block[1] if w.block else 0
-    configs = (lambda: w8a8_configs(x2.shape[0], x2.device)) if a8 else \
+    configs = (lambda: w8a8_configs(x2.shape[0], x2.device, bk)) if a8 else \
         (lambda: w8a16_configs(x2.shape[0], x2.dtype, x2.device, bk))
     return autotune(TUNED_A8 if a8 else TUNED_KERNEL, key, configs, lambda c: _run(x2, w, c, bias),
                     checked=(x2.dtype, w.layout), cold_l2_device=x2.device if x2.is_cuda else None)

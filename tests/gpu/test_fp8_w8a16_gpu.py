@@ -11,7 +11,7 @@ import torch
 
 from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, linear, plan, prepare
 from llm_kernels.fp8 import w8a16
-from llm_kernels.fp8.act_quant import quantize_per_token
+from llm_kernels.fp8.act_quant import quantize_per_token, quantize_per_token_group
 from llm_kernels.fp8.configs import w8a8_configs, w8a16_configs
 from llm_kernels.fp8.reference import per_token_scales, quantize_fp8, scaled_mm_available
 from llm_kernels.w4a16.workspace import workspace
@@ -39,7 +39,9 @@ def fp8_layer(K, N, scales, gen):
 
 def kernel_reference(kernel, x, w_deq, act, bias):
     """The float32 product of the kernel: weight-only for w8a16, the activations quantized as the scheme says else."""
-    if kernel != "w8a16":
+    if kernel == "w8a8" and act == "group":  # the W8A8 kernel quantizes per token and block from float32
+        x = fp8_qdq_per_token(x.float(), 128)
+    elif kernel != "w8a16":
         x = fp8_qdq_per_token(x.float()) if act == "token" else fp8_qdq_per_token(x, 128) if act == "group" else x
     return x.float() @ w_deq.t() + bias.float()
 
@@ -59,10 +61,10 @@ def test_fp8_layer_at_qwen25_7b_shapes(K, N, M, scales):
     ref = x.float() @ w_deq.t() + bias.float()
     for cfg in w8a16_configs(M, x.dtype, x.device, block[1] if block else 0):
         check(w8a16.launch(x, p.weight, p.scale, p.block, cfg, bias), ref, torch.bfloat16, f"w8a16 {cfg}")
-    if block is None and scaled_mm_available(x.device):
+    if scaled_mm_available(x.device):  # FP8 tensor cores: the W8A8 kernel, per-channel and block scales
         ref_a8 = kernel_reference("w8a8", x, w_deq, act, bias)
-        for cfg in w8a8_configs(M, x.device):
-            check(w8a16.launch(x, p.weight, p.scale, None, cfg, bias), ref_a8, torch.bfloat16, f"w8a8 {cfg}")
+        for cfg in w8a8_configs(M, x.device, block[1] if block else 0):
+            check(w8a16.launch(x, p.weight, p.scale, p.block, cfg, bias), ref_a8, torch.bfloat16, f"w8a8 {cfg}")
     out = linear(x, p, bias)  # tunes this shape
     kernel, cfg = plan(x, p)
     check(out, kernel_reference(kernel, x, w_deq, act, bias), torch.bfloat16, f"layer ({kernel} {cfg})")
@@ -112,6 +114,11 @@ def test_activation_quantization_is_torchs_byte_for_byte(K):
         rs = per_token_scales(inp.float())
         assert torch.equal(s, rs)
         assert torch.equal(q.view(torch.uint8), quantize_fp8(inp.float(), rs).view(torch.uint8))
+        if K % 128 == 0:  # per token and block of 128 (block-scale checkpoints' W8A8)
+            q, s = quantize_per_token_group(inp, 128)
+            rs = per_token_scales(inp.float(), 128)
+            assert torch.equal(s, rs)
+            assert torch.equal(q.view(torch.uint8), quantize_fp8(inp.float(), rs, 128).view(torch.uint8))
     static = x.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

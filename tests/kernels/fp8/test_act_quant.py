@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llm_kernels.fp8 import FP8
-from llm_kernels.fp8.act_quant import MAX_ROW, quantize_per_token
+from llm_kernels.fp8.act_quant import MAX_ROW, quantize_per_token, quantize_per_token_group
 from llm_kernels.fp8.reference import per_token_scales, quantize_fp8
 
 
@@ -61,3 +61,20 @@ def test_strided_rows_and_no_rows(rng):
 def test_without_the_interpreter_it_is_the_reference(monkeypatch, rng):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert_same(torch.randn(3, 64, generator=rng).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_per_token_and_group_bytes_and_scales_equal_torchs(rng, dtype):
+    """Groups of 128 (block-scale checkpoints): each its own scale, an all-zero group eps, a
+    group of one large value and subnormals; the bytes and scales of the float32 reference."""
+    x = (torch.randn(5, 512, generator=rng) * 3).to(dtype)
+    x[1, 128:256] = 0.0
+    x[2, 256:384] *= 1e-3
+    x[2, 300] = 50.0
+    x[3, :128] = every_midpoint()[:128]
+    q, s = quantize_per_token_group(x, 128)
+    ref_s = per_token_scales(x.float(), 128)
+    assert s.shape == (5, 4) and torch.equal(s, ref_s)
+    assert torch.equal(q.view(torch.uint8), quantize_fp8(x.float(), ref_s, 128).view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of the group"):
+        quantize_per_token_group(x[:, :200], 128)

@@ -134,7 +134,25 @@ def test_w8a8_configs_match_the_quantized_product(rng, poisoned, dtype, kind, N,
         assert_close(out.float(), ref, dtype, rng.initial_seed(), f"{kind} M={M} {cfg}")
 
 
-def test_w8a8_takes_per_channel_scales_only(rng):
-    q, s, block = layer(rng, 32, 128, "block", (32, 32))
-    with pytest.raises(ValueError, match="per-channel"):
-        w8a16.launch(torch.randn(1, 128), q, s, block, w8a8_config(16, 16, 32, split=1))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 5, 33])
+def test_w8a8_with_block_scales_matches_the_group_quantized_product(rng, poisoned, dtype, M):
+    """Block scales (32 x 64 here; 128 x 128 in the official releases): every interpreter config
+    the block allows, the activations quantized per token and block of K (the scheme's own
+    quantization), each block's sum scaled by both scales; N and M off the tiles."""
+    q, s, block = layer(rng, 72, 256, "block", (32, 64))
+    x = torch.randn(M, 256, generator=rng).to(dtype)
+    bias = torch.randn(72, generator=rng).to(dtype)
+    ref = fp8_qdq_per_token(x.float(), 64) @ dequantize_fp8(q, s, block).t() + bias.float()
+    cands = w8a8_configs(M, x.device, block[1])
+    assert cands and all(block[1] % c["BK"] == 0 for c in cands)
+    for cfg in cands:
+        with poisoned():
+            out = w8a16.launch(x, q, s, block, cfg, bias)
+        assert_close(out.float(), ref, dtype, rng.initial_seed(), f"block M={M} {cfg}")
+
+
+def test_w8a8_refuses_a_k_off_the_scale_blocks(rng):
+    q, s, block = layer(rng, 32, 96, "block", (32, 64))
+    with pytest.raises(ValueError, match="multiple of the scale block"):
+        w8a16.launch(torch.randn(1, 96), q, s, block, w8a8_config(16, 16, 32, split=1))

@@ -40,13 +40,14 @@ def test_the_w8a8_kernel_compiles_to_fp8_tensor_cores(arch, mma):
 
 
 def check_w8a8_compile(arch: int, mma: str) -> None:
-    """Every GPU candidate at 64 and 256 tokens: e4m3 x e4m3 MMAs, pipelined loads, no
-    conversion of the operands, within Hopper's shared memory."""
+    """Every GPU candidate at 64 and 256 tokens, per-channel and 128 x 128 block scales: e4m3 x
+    e4m3 MMAs, pipelined loads, no conversion of the operands, within Hopper's shared memory."""
     for M in (64, 256):
-        for cfg in w8a8_configs(M, torch.device("cuda")):
-            ptx = (k := compile_w8a16(arch, torch.bfloat16, cfg)).asm["ptx"]
-            assert f"{mma}" in ptx and ".e4m3.e4m3" in ptx and "cp.async" in ptx, cfg
-            assert "cvt.rn.f16x2.e4m3x2" not in ptx and k.metadata.shared <= 227 * 1024, cfg
+        for block in (None, (128, 128)):
+            for cfg in w8a8_configs(M, torch.device("cuda"), block[1] if block else 0):
+                ptx = (k := compile_w8a16(arch, torch.bfloat16, cfg, block=block)).asm["ptx"]
+                assert f"{mma}" in ptx and ".e4m3.e4m3" in ptx and "cp.async" in ptx, (cfg, block)
+                assert "cvt.rn.f16x2.e4m3x2" not in ptx and k.metadata.shared <= 227 * 1024, (cfg, block)
 
 
 def test_the_hardware_conversion_is_refused_below_sm89():

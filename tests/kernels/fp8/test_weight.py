@@ -106,3 +106,16 @@ def test_tuner_times_every_path_without_the_agreement_check(fake_gpu, monkeypatc
     assert sorted(c["kind"] for c in timed) == ["scaled_mm", "w8a16", "w8a8"]
     kernel, cfg = fp8_weight.plan(x, p)
     assert kernel == fastest and (cfg is None) == (fastest == "scaled_mm")
+
+
+@pytest.mark.parametrize("act,w8a8", [("group", True), (None, False)])
+def test_block_layers_take_w8a8_only_where_their_scheme_quantizes_activations(monkeypatch, rng, act, w8a8):
+    """On an FP8 GPU a 128 x 128 block layer of a per-token-and-group scheme has the W8A8 kernel
+    among its candidates; a weight-only block scheme never does (its product would change)."""
+    monkeypatch.setattr(fp8_weight, "device_class", lambda x: "cuda-fp8")
+    q, s = block_layer(rng, [256], 256, (128, 128))
+    p = prepare(q, s, torch.bfloat16, (128, 128), act)
+    assert p.layout == BLOCK
+    for M in (1, 100):
+        names = fp8_weight._kernels(torch.zeros(M, 256, dtype=torch.bfloat16), p)
+        assert ("w8a8" in names) == w8a8 and "w8a16" in names, (M, names)
