@@ -209,8 +209,10 @@ _CANDIDATES = {
 # Qwen3-30B-A3B's shapes it ran them in 0.63x (w13) and 0.87x (w2) the widening kernel's best
 # time at 10 tokens, 0.61x and 0.73x at 50; from 32 rows a block (prefill, large batches) the
 # widening kernel won every shape timed (512 to 4,096 tokens: its wgmma tiles against 16
-# float32 accumulators of plane dots), so it alone runs those
-_PLANES = [(32, 64, 4, 3), (16, 128, 4, 3)]
+# float32 accumulators of plane dots), so it alone runs those. Of BW 16 the 2-warp program won
+# (H100, 10 and 50 tokens: 0.55-0.6x the 4-warp one's time; BW 32 on 8 warps, BK 256 and 4
+# stages never won)
+_PLANES = [(32, 64, 4, 3), (16, 128, 2, 3)]
 
 
 def moe_configs(block_m: int, dtype, device, group_size: int | None = None) -> list[dict]:
