@@ -210,8 +210,8 @@ _CANDIDATES = {
 # time at 10 tokens, 0.61x and 0.73x at 50; from 32 rows a block (prefill, large batches) the
 # widening kernel won every shape timed (512 to 4,096 tokens: its wgmma tiles against 16
 # float32 accumulators of plane dots), so it alone runs those. Of BW 16 the 2-warp program won
-# (H100, 10 and 50 tokens: 0.55-0.6x the 4-warp one's time; BW 32 on 8 warps, BK 256 and 4
-# stages never won)
+# (H100, 10 and 50 tokens: 0.55-0.77x the 4-warp one's time); BW 32 on 8 warps, and BW 16 on 4
+# warps with 2 or 4 stages or BK 64, never won
 _PLANES = [(32, 64, 4, 3), (16, 128, 2, 3)]
 
 
