@@ -56,9 +56,7 @@ def w8a16_configs(M: int, dtype, device, block_k: int = 0) -> list:
         bm = 16 if M <= 16 else min(64, next_pow2(M))
         cands = [w8a16_config(bm, 64, 128), w8a16_config(bm, 64, 256, stages=3, cvt="asm"),
                  w8a16_config(bm, 64, 128, waves=8, cvt="asm")]
-    if block_k:
-        cands = [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
-    return cands
+    return _fit_block(cands, block_k)
 
 
 def w8a8_config(bm, bn, bk=128, warps=4, stages=4, waves=4, split=None):
@@ -82,9 +80,15 @@ def w8a8_configs(M: int, device, block_k: int = 0) -> list:
         bm = 16 if M <= 16 else min(128, next_pow2(M))
         cands = [w8a8_config(bm, 64, 128), w8a8_config(bm, 128, 128, warps=8),
                  w8a8_config(bm, 64, 256, stages=3), w8a8_config(bm, 128, 256, warps=8, stages=3, waves=2)]
-    if block_k:
-        cands = [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
-    return cands
+    return _fit_block(cands, block_k)
+
+
+def _fit_block(cands: list, block_k: int) -> list:
+    """The candidates whose BLOCK_K divides the scale blocks' width (0: per channel, all of
+    them); none: the first with the largest power of two that does."""
+    if not block_k:
+        return cands
+    return [c for c in cands if block_k % c["BK"] == 0] or [{**cands[0], "BK": _largest_divisor(block_k)}]
 
 
 def _largest_divisor(block_k: int) -> int:

@@ -17,11 +17,20 @@ def test_the_plane_kernel_compiles_without_a_shared_memory_round_trip(arch, gate
     run_fresh(__name__, "check_compile", arch, gated)
 
 
-def check_compile(arch: int, gated: bool) -> None:
+def compile_for(fn, sig: dict, const: dict, arch: int, options: dict, aligned=()):
+    """fn compiled for sm_<arch>: sig's types, const's compile-time values, aligned's 16-divisible."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    names = fn.arg_names
+    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
+                    constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def check_compile(arch: int, gated: bool) -> None:
     from llm_kernels import moe_gemm_awq
     from llm_kernels.moe import moe_configs
     from llm_kernels.w4a16.ckpt import ASM_PAIR
@@ -37,10 +46,7 @@ def check_compile(arch: int, gated: bool) -> None:
         bw, bk, warps, stages = cfg["BW"], cfg["BK"], cfg["warps"], cfg["stages"]
         const = dict(A_DIV=8 if gated else 1, GATED=gated, MUL_W=not gated, BLOCK_M=16, BLOCK_W=bw, BK=bk,
                      OFF=128.0, MAGIC=0x43004300, ASM=ASM_PAIR, DEQ=2, FP32=False, GROUP_M=8)
-        src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
-                        constexprs={(names.index(k),): v for k, v in const.items()},
-                        attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
+        k = compile_for(fn, sig, const, arch, {"num_warps": warps, "num_stages": stages}, aligned)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         start = ttgir.index("scf.for")
         loop = ttgir[start: ttgir.index("scf.yield", start)]
@@ -56,10 +62,6 @@ def test_the_router_kernel_compiles(arch, experts, top_k):
 
 
 def check_router_compile(arch: int, experts: int, top_k: int) -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from llm_kernels import moe_route
     from llm_kernels.dispatch import next_pow2
 
@@ -68,7 +70,5 @@ def check_router_compile(arch: int, experts: int, top_k: int) -> None:
     sig = {n: "i32" for n in names}
     sig.update({"logits_ptr": "*bf16", "w_ptr": "*fp32", "ids_ptr": "*i64"})
     const = dict(K=top_k, K_P2=next_pow2(top_k), E_P2=next_pow2(experts), BLOCK_T=moe_route.BLOCK_T, RENORM=True)
-    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
-                    constexprs={(names.index(k),): v for k, v in const.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+    k = compile_for(fn, sig, const, arch, {"num_warps": 4})
     assert "ld.global" in k.asm["ptx"] and k.metadata.shared <= 48 * 1024
