@@ -3,8 +3,9 @@
 borrows from llm_kernels.w4a16.ckpt and llm_kernels.moe_gemm built in compiled mode: the
 words reach the tensor cores' operand layout from shared memory as loaded (no widened tile
 stored back to shared memory inside the loop, which the widening kernel does); and the router
-kernel (llm_kernels.moe_route) compiles for top-1 to top-8 over 8 to 128 experts. Each check
-runs in a fresh process (tests/kernels/fresh_process.py)."""
+kernel (llm_kernels.moe_route) compiles for top-1 to top-8 over 8 to 128 experts, and the sort
+of moe_align for 16 to 4,096 pairs. Each check runs in a fresh process
+(tests/kernels/fresh_process.py)."""
 import pytest
 import torch
 
@@ -72,3 +73,26 @@ def check_router_compile(arch: int, experts: int, top_k: int) -> None:
     const = dict(K=top_k, K_P2=next_pow2(top_k), E_P2=next_pow2(experts), BLOCK_T=moe_route.BLOCK_T, RENORM=True)
     k = compile_for(fn, sig, const, arch, {"num_warps": 4})
     assert "ld.global" in k.asm["ptx"] and k.metadata.shared <= 48 * 1024
+
+
+@pytest.mark.parametrize("pairs,warps", [(16, 4), (512, 4), (4096, 8)])
+def test_the_sort_kernel_compiles(pairs, warps):
+    run_fresh(__name__, "check_align_compile", pairs, warps)
+
+
+def check_align_compile(pairs: int, warps: int) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from llm_kernels import moe
+
+    fn = moe._align_kernel.built(False)
+    names = fn.arg_names
+    sig = {n: "i32" for n in names}
+    sig.update({"ids_ptr": "*i64", "sorted_ptr": "*i32", "blk_e_ptr": "*i32", "total_ptr": "*i32", "off_ptr": "*i32"})
+    const = dict(E_BINS=256, PAIRS=pairs, CHUNK=moe._CHUNK)
+    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    assert "st.global" in k.asm["ptx"] and k.metadata.shared <= 227 * 1024
