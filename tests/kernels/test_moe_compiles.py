@@ -81,10 +81,6 @@ def test_the_sort_kernel_compiles(pairs, warps):
 
 
 def check_align_compile(pairs: int, warps: int) -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from llm_kernels import moe
 
     fn = moe._align_kernel.built(False)
@@ -92,7 +88,5 @@ def check_align_compile(pairs: int, warps: int) -> None:
     sig = {n: "i32" for n in names}
     sig.update({"ids_ptr": "*i64", "sorted_ptr": "*i32", "blk_e_ptr": "*i32", "total_ptr": "*i32", "off_ptr": "*i32"})
     const = dict(E_BINS=256, PAIRS=pairs, CHUNK=moe._CHUNK)
-    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
-                    constexprs={(names.index(k),): v for k, v in const.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    k = compile_for(fn, sig, const, 90, {"num_warps": warps})
     assert "st.global" in k.asm["ptx"] and k.metadata.shared <= 227 * 1024
