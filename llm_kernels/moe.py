@@ -150,9 +150,11 @@ def _align_kernel(ids_ptr, sorted_ptr, blk_e_ptr, total_ptr, off_ptr, n, E, size
     masked lanes fall in a bin of their own), padded run ends (a prefix sum), the padding filled
     with the sentinel n; then every pair's key expert * PAIRS + index sorted at once (stable by
     construction: token order within an expert), and the pair at sorted position p goes to
-    p + off[e], off[e] = (expert e's padded start) - (its first sorted position). A chunked rank
-    with an atomic per chunk took 8 us at 80 pairs and 23 us at 400 on an H100, one dependent
-    step after another; the sort has no loop over the pairs."""
+    p + off[e], off[e] = (expert e's padded start) - (its first sorted position). The chunked rank
+    with an atomic per chunk this replaced was one dependent step after another; the sort has
+    no loop over the pairs. On an H100, 48 calls in a CUDA graph, 128 experts, top-8 (the same
+    tensors out): 5.9 against 8.0 us a call at 80 pairs, 9.6 against 21.8 at 400, 24.8 against
+    71.2 at 2,048."""
     lanes = tl.arange(0, PAIRS)
     bins = tl.arange(0, E_BINS)
     live = lanes < n
