@@ -1,8 +1,10 @@
 """The adapters' weights on the device: for each target linear, A [S, shards * R, K] and
-B [S, N, shards * R] over S = max_loras slots, R = max_lora_rank. A merged linear (q/k/v,
-gate/up) gives each shard its own R columns of the rank, so B is block diagonal: one
-shrink and one expand serve the merged output (llm_kernels.lora.add_lora). A slot's
-unused ranks and shards are zeros, so every slot runs the same shapes (and CUDA graphs)."""
+B [S, N, R] over S = max_loras slots, R = max_lora_rank. A merged linear (q/k/v, gate/up)
+gives each shard its own R rows of A and its output rows of B (the merged update's block
+diagonal without its zeros, llm_kernels.lora.add_lora's output_slices): one shrink and one
+expand serve the merged output. A checkpoint's fused pair (one A over all shards) goes into
+every shard's rows alike, which gives the same update. A slot's unused ranks and shards are
+zeros, so every slot runs the same shapes (and CUDA graphs)."""
 from __future__ import annotations
 
 import torch
@@ -15,13 +17,13 @@ from engine.model.layers.linear import FUSED
 class LoRAWeights:
     """One linear's slots (the linear's `lora` attribute, read by its forward)."""
 
-    __slots__ = ("a", "b", "rank")
+    __slots__ = ("a", "b", "rank", "output_slices")
 
     def __init__(self, linear, num_slots: int, rank: int, dtype, device):
-        shards = len(linear.output_sizes)
+        self.output_slices = tuple(linear.output_sizes)
         self.rank = rank
-        self.a = torch.zeros(num_slots, shards * rank, linear.in_features, dtype=dtype, device=device)
-        self.b = torch.zeros(num_slots, sum(linear.output_sizes), shards * rank, dtype=dtype, device=device)
+        self.a = torch.zeros(num_slots, len(self.output_slices) * rank, linear.in_features, dtype=dtype, device=device)
+        self.b = torch.zeros(num_slots, sum(self.output_slices), rank, dtype=dtype, device=device)
 
 
 class LoRASlots:
@@ -46,8 +48,8 @@ class LoRASlots:
             w.b[slot].zero_()
         for (name, shard), (a, b) in adapter.pairs.items():
             w, linear = self.weights[name], self.linears[name]
-            r, col = a.shape[0], 0 if shard == FUSED else shard * self.max_rank
-            rows = slice(0, b.shape[0]) if shard == FUSED else slice(
-                linear.shard_offset(shard), linear.shard_offset(shard) + linear.output_sizes[shard])
-            w.a[slot, col : col + r].copy_(a, non_blocking=True)
-            w.b[slot, rows, col : col + r].copy_(b, non_blocking=True)
+            r = a.shape[0]
+            for i in range(len(w.output_slices)) if shard == FUSED else (shard,):
+                rows = slice(linear.shard_offset(i), linear.shard_offset(i) + linear.output_sizes[i])
+                w.a[slot, i * self.max_rank : i * self.max_rank + r].copy_(a, non_blocking=True)
+                w.b[slot, rows, :r].copy_(b if shard != FUSED else b[rows], non_blocking=True)

@@ -27,8 +27,8 @@ def shrink_key(T: int, K: int, br: int, dtype) -> tuple:
     return (token_bucket(T), K, br, dtype)
 
 
-def expand_key(T: int, N: int, br: int, dtype) -> tuple:
-    return (token_bucket(T), N, br, dtype)
+def expand_key(T: int, N: int, br: int, slices: int, dtype) -> tuple:
+    return (token_bucket(T), N, br, slices, dtype)
 
 
 def _bm(T: int, cap: int) -> int:

@@ -27,7 +27,11 @@ counter for the next launch.
 expand: program (N tile, token tile, group) loads its rows of out first (their loads in flight
 while the weights come), then per slot a [BLOCK_R, BLOCK_N] tile of b (B's rows are R
 contiguous elements: the tile is one contiguous run), accumulates y b^T in float32 and writes
-its rows back once. Rows of slot -1 are neither read nor written.
+its rows back once. Rows of slot -1 are neither read nor written. A merged linear's output
+slices (q, k, v; gate, up) each take their own R columns of y, and b [S, N, R] holds just
+those (the blocks of the block diagonal side by side, not the zeros between them, which would
+double gate_up's bytes and triple qkv's): the grid tiles each slice on its own, so a tile lies
+in one slice.
 
 Not fused into one launch: the expand needs each row's whole y (a sum over all of K), and
 recomputing it per N tile would read x and A again for every one of N / BLOCK_N tiles (296 on
@@ -141,14 +145,27 @@ def finish_shrink(acc, y_ptr, rm, owned, ws_ptr, cnt_ptr, unit, pid_k, split,
         tl.store(y_ptrs, acc, mask=owned[:, None])
 
 
+@jit_helper
+def slice_tile(pid_n, tiles1, tiles2, col1, col2, N, R, BLOCK_N: tl.constexpr):
+    """An expand program's N tile within its output slice: (its columns, the slice's end
+    column, the slice's first column of y). Slice i's tiles follow slice i - 1's on the grid
+    (tiles1, tiles2: the first tiles of slices 1 and 2; col1, col2: their first columns; both
+    past the end for slices a linear does not have), so no tile straddles two slices."""
+    i = (pid_n >= tiles1).to(tl.int32) + (pid_n >= tiles2).to(tl.int32)
+    tile0 = tl.where(i == 0, 0, tl.where(i == 1, tiles1, tiles2))
+    c0 = tl.where(i == 0, 0, tl.where(i == 1, col1, col2))
+    c1 = tl.where(i == 0, col1, tl.where(i == 1, col2, N))
+    return c0 + (pid_n - tile0) * BLOCK_N + tl.arange(0, BLOCK_N), c1, i * R
+
+
 @lazy_jit
 def _expand_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
-    T, N, R, S, stride_bs, stride_bn, stride_ot,
+    T, N, R, S, stride_yt, stride_bs, stride_bn, stride_ot, tiles1, tiles2, col1, col2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr,
 ):
-    """out[t, n tile] += y[t] @ b[slots[t]][n tile]^T for the rows of one token tile whose
-    slots are this program's group."""
+    """out[t, n tile] += y[t, slice's R columns] @ b[slots[t]][n tile]^T for the rows of one
+    token tile whose slots are this program's group."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_g = tl.program_id(2)
@@ -164,13 +181,14 @@ def _expand_kernel(
         owned = owned | (sl == s)
         s = _skip_slots(sl, s, groups)
     rr = tl.arange(0, BLOCK_R)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    omask = owned[:, None] & (rn < N)[None, :]
+    rn, n_end, y_col = slice_tile(pid_n, tiles1, tiles2, col1, col2, N, R, BLOCK_N)
+    omask = owned[:, None] & (rn < n_end)[None, :]
     o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
     o = tl.load(o_ptrs, mask=omask, other=0.0)  # first: in flight while the weights load
-    y = tl.load(y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :], mask=owned[:, None], other=0.0)
+    y = tl.load(y_ptr + rm.to(tl.int64)[:, None] * stride_yt + y_col + rr[None, :],
+                mask=owned[:, None] & (rr < R)[None, :], other=0.0)
     b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + rr[:, None]
-    bmask = (rr < R)[:, None] & (rn < N)[None, :]
+    bmask = (rr < R)[:, None] & (rn < n_end)[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     s = first
     while s < NONE:
@@ -237,14 +255,29 @@ def shrink_units(cfg: dict, S: int, T: int) -> int:
     return -(-T // cfg["BM"]) * (S if cfg.get("kind") == ONEHOT else slot_groups(cfg, S, T))
 
 
-def launch_expand(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:
-    """out [T, N] += y b[slot]^T on the rows with an adapter; returns out."""
+def slice_grid(slices, block_n: int) -> tuple[int, tuple[int, int, int, int]]:
+    """(the expand's N tiles, (tiles1, tiles2, col1, col2)): each output slice tiled on its
+    own (slice_tile), up to three slices; a slice a linear does not
+    have starts past the last tile and column."""
+    tiles, cols = [0], [0]
+    for n in slices:
+        tiles.append(tiles[-1] + -(-n // block_n))
+        cols.append(cols[-1] + n)
+    tiles += [tiles[-1]] * (4 - len(tiles))
+    cols += [cols[-1]] * (4 - len(cols))
+    return tiles[-1], (tiles[1], tiles[2], cols[1], cols[2])
+
+
+def launch_expand(y, b, slots, out, cfg: dict, fp32: bool, slices) -> torch.Tensor:
+    """out [T, N] += y b[slot]^T on the rows with an adapter, slice i of out's columns on y's
+    columns i R ... (i + 1) R; returns out."""
     T, N = out.shape
     S, R = b.shape[0], b.shape[2]
-    grid = (-(-N // cfg["BN"]), -(-T // cfg["BM"]), slot_groups(cfg, S, T))
+    tiles, bounds = slice_grid(slices, cfg["BN"])
+    grid = (tiles, -(-T // cfg["BM"]), slot_groups(cfg, S, T))
     _expand_kernel[grid](
-        y, b, slots, out, T, N, R, S, b.stride(0), b.stride(1), out.stride(0),
-        BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_R=y.shape[1], FP32=fp32,
+        y, b, slots, out, T, N, R, S, y.stride(0), b.stride(0), b.stride(1), out.stride(0), *bounds,
+        BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_R=block_r(R), FP32=fp32,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
     )
     return out

@@ -8,7 +8,8 @@ trace: 2.3 ms of a 9.2 ms step). Here the slots are columns of one operand inste
 
 expand: out[t] += Y[t] @ B, with B [C, BLOCK_N] the stacked b[s][n tile]^T of a chunk of
 SLOTS_C slots (C = SLOTS_C * BLOCK_R rows: column c of Y is slot c // BLOCK_R, rank c % BLOCK_R)
-and Y [BLOCK_M, C] each row's y in its own slot's columns, zeros elsewhere (a masked load). All
+and Y [BLOCK_M, C] each row's y (its output slice's R columns) in its own slot's columns,
+zeros elsewhere (a masked load). All
 loads of a chunk are in flight at once, and a loop over chunks (S above SLOTS_C) pipelines.
 
 shrink: Z = x @ A, A [BLOCK_K, C] the stacked a[s]^T of a chunk, then each row keeps its own
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit, next_pow2, uses_helpers_of
 from llm_kernels.lora.configs import ONEHOT
-from llm_kernels.lora.kernels import block_r, dot_acc, finish_shrink, shrink_grid, tile_slots
+from llm_kernels.lora.kernels import block_r, dot_acc, finish_shrink, shrink_grid, slice_grid, slice_tile, tile_slots
 
 uses_helpers_of(__name__, "llm_kernels.lora.kernels")
 
@@ -74,31 +75,32 @@ def _shrink_onehot_kernel(
 @lazy_jit
 def _expand_onehot_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
-    T, N, R, S, stride_bs, stride_bn, stride_ot,
+    T, N, R, S, stride_yt, stride_bs, stride_bn, stride_ot, tiles1, tiles2, col1, col2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SLOTS_C: tl.constexpr,
     FP32: tl.constexpr,
 ):
-    """out[t, n tile] += y[t] @ b[slots[t]][n tile]^T for the rows of one token tile."""
+    """out[t, n tile] += y[t, slice's R columns] @ b[slots[t]][n tile]^T for the rows of one
+    token tile."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = tile_slots(slots_ptr, rm, T, S)
     if tl.max(sl, axis=0) < 0:
         return
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    omask = (sl >= 0)[:, None] & (rn < N)[None, :]
+    rn, n_end, y_col = slice_tile(pid_n, tiles1, tiles2, col1, col2, N, R, BLOCK_N)
+    omask = (sl >= 0)[:, None] & (rn < n_end)[None, :]
     o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
     o = tl.load(o_ptrs, mask=omask, other=0.0)  # first: in flight while the weights load
     cols = tl.arange(0, SLOTS_C * BLOCK_R)
     cs, cr = cols // BLOCK_R, cols % BLOCK_R
-    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + cr[None, :]
+    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_yt + y_col + cr[None, :]
     b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + cr[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for s0 in range(0, S, SLOTS_C):
         sc = s0 + cs
-        yv = tl.load(y_ptrs, mask=sc[None, :] == sl[:, None], other=0.0)  # [BLOCK_M, C]: own slot's columns
+        yv = tl.load(y_ptrs, mask=(sc[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0)  # [BLOCK_M, C]: own slot's columns
         bt = tl.load(b_ptrs + sc.to(tl.int64)[:, None] * stride_bs,
-                     mask=((sc < S) & (cr < R))[:, None] & (rn < N)[None, :], other=0.0)  # [C, BLOCK_N]
+                     mask=((sc < S) & (cr < R))[:, None] & (rn < n_end)[None, :], other=0.0)  # [C, BLOCK_N]
         acc = dot_acc(acc, yv, bt, FP32)
     tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
 
@@ -128,13 +130,14 @@ def launch_shrink_onehot(x, a, slots, cfg: dict, sms: int, counters, fp32: bool)
     return y
 
 
-def launch_expand_onehot(y, b, slots, out, cfg: dict, fp32: bool) -> torch.Tensor:
+def launch_expand_onehot(y, b, slots, out, cfg: dict, fp32: bool, slices) -> torch.Tensor:
     """llm_kernels.lora.kernels.launch_expand for a config of kind ONEHOT."""
     T, N = out.shape
     S, R = b.shape[0], b.shape[2]
-    br = y.shape[1]
-    _expand_onehot_kernel[(-(-N // cfg["BN"]), -(-T // cfg["BM"]))](
-        y, b, slots, out, T, N, R, S, b.stride(0), b.stride(1), out.stride(0),
+    br = block_r(R)
+    tiles, bounds = slice_grid(slices, cfg["BN"])
+    _expand_onehot_kernel[(tiles, -(-T // cfg["BM"]))](
+        y, b, slots, out, T, N, R, S, y.stride(0), b.stride(0), b.stride(1), out.stride(0), *bounds,
         BLOCK_M=cfg["BM"], BLOCK_N=cfg["BN"], BLOCK_R=br, SLOTS_C=slots_per_chunk(cfg, S, br), FP32=fp32,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
     )

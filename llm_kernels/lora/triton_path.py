@@ -67,8 +67,9 @@ def shrink(x, a, slots, config: dict | None = None) -> torch.Tensor:
     return run(config)
 
 
-def expand(y, b, slots, out, config: dict | None = None) -> None:
-    """out += y b[slot]^T on the rows with an adapter (the config tuned for the shape unless given)."""
+def expand(y, b, slots, out, slices, config: dict | None = None) -> None:
+    """out += y b[slot]^T on the rows with an adapter, slice i of out's columns on y's columns
+    i R ... (i + 1) R (the config tuned for the shape unless given)."""
     T, N = out.shape
     fp32 = _fp32(out.dtype)
     if config is None:
@@ -81,12 +82,12 @@ def expand(y, b, slots, out, config: dict | None = None) -> None:
                 # y of its own: the call's y has no rows for tokens without an adapter
                 scratch["y"] = torch.linspace(-1, 1, y.numel(), device=y.device).view(y.shape)
             scratch["out"].zero_()
-            return _expand_launcher(cfg)(scratch["y"], b, scratch["slots"], scratch["out"], cfg, fp32)
+            return _expand_launcher(cfg)(scratch["y"], b, scratch["slots"], scratch["out"], cfg, fp32, slices)
 
-        config = autotune("lora_expand", expand_key(T, N, y.shape[1], out.dtype),
+        config = autotune("lora_expand", expand_key(T, N, block_r(b.shape[2]), len(slices), out.dtype),
                           lambda: expand_configs(T, out.dtype, out.device), timed, checked=(out.dtype,),
                           cold_l2_device=out.device if out.is_cuda else None)
-    _expand_launcher(config)(y, b, slots, out, config, fp32)
+    _expand_launcher(config)(y, b, slots, out, config, fp32, slices)
 
 
 def _shrink_launcher(cfg: dict):
@@ -104,16 +105,17 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def add_lora_triton(out, x, a, b, slots, shrink_config: dict | None = None,
-                    expand_config: dict | None = None) -> None:
+                    expand_config: dict | None = None, output_slices=None) -> None:
     """add_lora on the kernels: shrink, then expand into out. Configs (tests, benchmarks)
     replace the tuned ones."""
     if out.shape[0] == 0 or a.shape[0] == 0:
         return
     x, a, b, slots = _unit_last(x), _unit_last(a), _unit_last(b), slots.contiguous()
+    slices = tuple(output_slices or (out.shape[1],))
     y = shrink(x, a, slots, shrink_config)
     if out.stride(-1) == 1:
-        expand(y, b, slots, out, expand_config)
+        expand(y, b, slots, out, slices, expand_config)
         return
     dense = out.contiguous()  # a view with strided columns: the kernel writes rows of unit stride
-    expand(y, b, slots, dense, expand_config)
+    expand(y, b, slots, dense, slices, expand_config)
     out.copy_(dense)

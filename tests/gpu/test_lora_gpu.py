@@ -1,5 +1,6 @@
-"""Batched LoRA on the GPU at Qwen2.5-7B's shapes (K 3584: qkv N 4608, o N 3584, gate_up N
-37888; down K 18944 N 3584), rank 16, 8 slots of mixed ranks, bfloat16: the Triton kernels
+"""Batched LoRA on the GPU at Qwen2.5-7B's shapes as the engine holds them (K 3584: qkv N 4608
+in slices q, k, v, o N 3584, gate_up N 37888 in slices gate, up; down K 18944 N 3584), rank 16
+a slice, 8 slots of mixed ranks, bfloat16: the Triton kernels
 (tuned) against the per-token reference, eagerly and replayed from a CUDA graph with other
 slots written in between (no host synchronisation inside), and every candidate config."""
 import pytest
@@ -9,7 +10,8 @@ from tests.gpu.conftest import cases, slow
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-SHAPES = {"qkv": (3584, 4608), "o": (3584, 3584), "gate_up": (3584, 37888), "down": (18944, 3584)}  # (K, N)
+SHAPES = {"qkv": (3584, (3584, 512, 512)), "o": (3584, (3584,)), "gate_up": (3584, (18944, 18944)),
+          "down": (18944, (3584,))}  # (K, output slices)
 RANKS = (16, 8, 4, 16, 1, 12, 16, 2)  # 8 slots, R = 16, the smaller ranks zero-padded
 TOL = 1.5e-2  # bf16: y enters the expand's dot rounded to bf16, out rounds once
 
@@ -26,12 +28,15 @@ def gen():
     return g
 
 
-def adapters(K, N, gen):
-    """(a [8, 16, K], b [8, N, 16]) in bf16, slot i of rank RANKS[i], the update about out's size."""
-    a = torch.zeros(len(RANKS), 16, K, device="cuda")
+def adapters(K, slices, gen):
+    """(a [8, n 16, K], b [8, N, 16]) in bf16 over n output slices, slot i of rank RANKS[i] in
+    each, the update about out's size."""
+    N = sum(slices)
+    a = torch.zeros(len(RANKS), len(slices) * 16, K, device="cuda")
     b = torch.zeros(len(RANKS), N, 16, device="cuda")
     for i, r in enumerate(RANKS):
-        a[i, :r] = torch.randn(r, K, device="cuda", generator=gen) * K ** -0.5
+        for j in range(len(slices)):
+            a[i, j * 16 : j * 16 + r] = torch.randn(r, K, device="cuda", generator=gen) * K ** -0.5
         b[i, :, :r] = torch.randn(N, r, device="cuda", generator=gen) * r ** -0.5
     return a.bfloat16(), b.bfloat16()
 
@@ -48,11 +53,11 @@ def random_slots(T, gen, kind="mixed"):
     return torch.randint(-1, len(RANKS), (T,), device="cuda", generator=gen, dtype=torch.int32)
 
 
-def reference(before, x, a, b, slots):
+def reference(before, x, a, b, slots, slices=None):
     from llm_kernels.lora import add_lora_reference
 
     ref = before.clone()
-    add_lora_reference(ref, x, a, b, slots)
+    add_lora_reference(ref, x, a, b, slots, slices)
     return ref
 
 
@@ -75,15 +80,16 @@ def check(got, before, ref, slots, what, tol=TOL):
 def test_add_lora_matches_reference(layer, T, gen):
     from llm_kernels.lora import add_lora
 
-    K, N = SHAPES[layer]
-    a, b = adapters(K, N, gen)
+    K, slices = SHAPES[layer]
+    N = sum(slices)
+    a, b = adapters(K, slices, gen)
     x = torch.randn(T, K, device="cuda", generator=gen).bfloat16()
     for kind in ("mixed", "runs"):
         slots = random_slots(T, gen, kind)
         before = torch.randn(T, N, device="cuda", generator=gen).bfloat16()
         got = before.clone()
-        add_lora(got, x, a, b, slots)
-        check(got, before, reference(before, x, a, b, slots), slots, f"{layer} T={T} {kind}")
+        add_lora(got, x, a, b, slots, slices)
+        check(got, before, reference(before, x, a, b, slots, slices), slots, f"{layer} T={T} {kind}")
 
 
 @pytest.mark.parametrize("layer,T", cases(
@@ -94,16 +100,17 @@ def test_add_lora_replays_in_a_cuda_graph(layer, T, gen):
     rewritten in place: the kernels read the slots on the device only."""
     from llm_kernels.lora import add_lora
 
-    K, N = SHAPES[layer]
-    a, b = adapters(K, N, gen)
+    K, slices = SHAPES[layer]
+    N = sum(slices)
+    a, b = adapters(K, slices, gen)
     x = torch.randn(T, K, device="cuda", generator=gen).bfloat16()
     slots = random_slots(T, gen)
     out = torch.randn(T, N, device="cuda", generator=gen).bfloat16()
-    add_lora(out, x, a, b, slots)  # compile and tune outside the capture
+    add_lora(out, x, a, b, slots, slices)  # compile and tune outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        add_lora(out, x, a, b, slots)
+        add_lora(out, x, a, b, slots, slices)
     for kind in ("mixed", "one", "none", "runs", "mixed"):
         before = torch.randn(T, N, device="cuda", generator=gen).bfloat16()
         out.copy_(before)
@@ -111,26 +118,28 @@ def test_add_lora_replays_in_a_cuda_graph(layer, T, gen):
         slots.copy_(random_slots(T, gen, kind))
         graph.replay()
         torch.cuda.synchronize()
-        check(out, before, reference(before, x, a, b, slots), slots, f"replayed {layer} T={T} {kind}")
+        check(out, before, reference(before, x, a, b, slots, slices), slots, f"replayed {layer} T={T} {kind}")
 
 
 @pytest.mark.parametrize("T", [1, 64, slow(256), slow(1024)])
 def test_every_candidate_config(T, gen):
-    """Each candidate the tuner may pick (not only its pick) computes the same, on gate_up."""
+    """Each candidate the tuner may pick (not only its pick) computes the same, on gate_up (two
+    slices) and qkv (three, k and v four 128-column tiles each)."""
     from llm_kernels.lora.configs import expand_configs, shrink_configs
     from llm_kernels.lora.triton_path import add_lora_triton
 
-    K, N = SHAPES["gate_up"]
-    a, b = adapters(K, N, gen)
-    x = torch.randn(T, K, device="cuda", generator=gen).bfloat16()
-    slots = random_slots(T, gen)
-    before = torch.randn(T, N, device="cuda", generator=gen).bfloat16()
-    ref = reference(before, x, a, b, slots)
-    for sc in shrink_configs(T, torch.bfloat16, x.device):
-        for ec in expand_configs(T, torch.bfloat16, x.device):
-            got = before.clone()
-            add_lora_triton(got, x, a, b, slots, sc, ec)
-            check(got, before, ref, slots, f"T={T} {sc} {ec}")
+    for layer in ("gate_up", "qkv"):
+        K, slices = SHAPES[layer]
+        a, b = adapters(K, slices, gen)
+        x = torch.randn(T, K, device="cuda", generator=gen).bfloat16()
+        slots = random_slots(T, gen)
+        before = torch.randn(T, sum(slices), device="cuda", generator=gen).bfloat16()
+        ref = reference(before, x, a, b, slots, slices)
+        for sc in shrink_configs(T, torch.bfloat16, x.device):
+            for ec in expand_configs(T, torch.bfloat16, x.device):
+                got = before.clone()
+                add_lora_triton(got, x, a, b, slots, sc, ec, output_slices=slices)
+                check(got, before, ref, slots, f"{layer} T={T} {sc} {ec}")
 
 
 def test_float32_and_ranks_off_powers_of_two(gen):

@@ -112,7 +112,7 @@ class Linear(nn.Module):
         if self.lora is not None:
             slots = get_forward_context().lora_slots
             if slots is not None:  # each token's adapter update, beside the (quantized or dense) base
-                llm_kernels.add_lora(y, x, self.lora.a, self.lora.b, slots)
+                llm_kernels.add_lora(y, x, self.lora.a, self.lora.b, slots, self.lora.output_slices)
         return y
 
 

@@ -72,3 +72,29 @@ def test_prefix_cache_is_keyed_by_adapter(tiny_llama_dir, adapters):
     assert hits[3] > hits[2] and hits[4] > hits[3] and hits[5] > hits[4]  # each its own blocks again
     assert outs[:3] == outs[3:]
     assert outs[0] == lora_adapters.peft_greedy(tiny_llama_dir, adapters["all"], prompt["prompt_token_ids"], 6)
+
+
+def test_merged_linears_hold_each_slice_at_its_own_rank(tiny_llama_dir, adapters):
+    """q/k/v and gate/up: A stacks a rank-R block per output slice, B holds R columns (not the
+    slices times R of a block diagonal: its zeros would double gate_up's bytes and triple
+    qkv's); an adapter's pair of each shard lands in its own slice's rows."""
+    m = _manager(tiny_llama_dir, max_loras=2, max_cpu=2)
+    R = m.slots.max_rank
+    merged = set()
+    for name, w in m.slots.weights.items():
+        linear = m.slots.linears[name]
+        n = len(linear.output_sizes)
+        assert w.output_slices == tuple(linear.output_sizes)
+        assert tuple(w.a.shape) == (2, n * R, linear.in_features)
+        assert tuple(w.b.shape) == (2, sum(linear.output_sizes), R)
+        if n > 1:
+            merged.add(name.rpartition(".")[2])
+    assert merged == {"qkv_proj", "gate_up_proj"}
+    m.add(LoRARequest("all", 1, adapters["all"]))
+    slot = m.acquire(1)
+    adapter = m.cpu[1]
+    for (name, shard), (a, b) in adapter.pairs.items():
+        w, linear = m.slots.weights[name], m.slots.linears[name]
+        r, off = a.shape[0], linear.shard_offset(shard)
+        assert torch.equal(w.a[slot, shard * R : shard * R + r], a.to(w.a.dtype))
+        assert torch.equal(w.b[slot, off : off + linear.output_sizes[shard], :r], b.to(w.b.dtype))

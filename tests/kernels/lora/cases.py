@@ -9,14 +9,16 @@ RANKS = (8, 3, 16, 1, 5)  # per slot; R = 16, the others zero-padded
 R = 16
 
 
-def adapters(K: int, N: int, dtype, gen, ranks=RANKS, R=R):
-    """(a [S, R, K], b [S, N, R]) with slot i of rank ranks[i]: rows of a and columns of b past
-    it zero. b is scaled so that the update is about as large as out (it holds alpha/r)."""
+def adapters(K: int, N: int, dtype, gen, ranks=RANKS, R=R, slices: int = 1):
+    """(a [S, slices R, K], b [S, N, R]) with slot i of rank ranks[i] in every output slice:
+    rows of a's R rows a slice and columns of b past it zero. b is scaled so that the update
+    is about as large as out (it holds alpha/r)."""
     S = len(ranks)
-    a = torch.zeros(S, R, K)
+    a = torch.zeros(S, slices * R, K)
     b = torch.zeros(S, N, R)
     for i, r in enumerate(ranks):
-        a[i, :r] = torch.randn(r, K, generator=gen) * K ** -0.5
+        for j in range(slices):
+            a[i, j * R : j * R + r] = torch.randn(r, K, generator=gen) * K ** -0.5
         b[i, :, :r] = torch.randn(N, r, generator=gen) * r ** -0.5
     return a.to(dtype), b.to(dtype)
 
@@ -31,9 +33,10 @@ def token_slots(T: int, S: int, gen, none_share: float = 0.25) -> torch.Tensor:
     return slots.to(torch.int32)
 
 
-def inputs(T: int, K: int, N: int, dtype, gen, ranks=RANKS, R=R):
-    """(out, x, a, b, slots) of one case: adapters of `ranks` padded to R."""
-    a, b = adapters(K, N, dtype, gen, ranks, R)
+def inputs(T: int, K: int, N: int, dtype, gen, ranks=RANKS, R=R, slices: int = 1):
+    """(out, x, a, b, slots) of one case: adapters of `ranks` padded to R, over `slices`
+    output slices of out's N columns."""
+    a, b = adapters(K, N, dtype, gen, ranks, R, slices)
     x = torch.randn(T, K, generator=gen).to(dtype)
     out = torch.randn(T, N, generator=gen).to(dtype)
     return out, x, a, b, token_slots(T, len(ranks), gen)

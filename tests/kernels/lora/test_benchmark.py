@@ -12,10 +12,10 @@ from llm_kernels.lora import add_lora_reference
 
 
 def test_floor_counts_adapters_x_and_out_both_ways():
-    K, N = bench.LAYERS["gate_up"]
-    nbytes = bench.floor_bytes(64, K, N, 8, 16)
-    assert nbytes == 2 * (8 * 16 * (3584 + 37888) + 64 * 3584 + 2 * 64 * 37888)
-    assert 20e6 < nbytes < 21e6  # about 4.9 us at an H200's 4.25 TB/s
+    K, slices = bench.LAYERS["gate_up"]
+    nbytes = bench.floor_bytes(64, K, slices, 8, 16)
+    assert nbytes == 2 * (8 * 16 * (2 * 3584 + 37888) + 64 * 3584 + 2 * 64 * 37888)
+    assert 21e6 < nbytes < 22e6  # about 5 us at an H200's 4.25 TB/s
 
 
 def test_batch_spreads_every_token_over_the_adapters():
@@ -24,11 +24,12 @@ def test_batch_spreads_every_token_over_the_adapters():
     assert not torch.equal(slots[:8], torch.arange(8, dtype=torch.int32))  # shuffled, not in blocks
 
 
-def test_peer_loop_is_the_reference(rng):
-    out, x, a, b, slots = inputs(37, 40, 52, torch.float32, rng)
+@pytest.mark.parametrize("slices", [(52,), (30, 12, 10)], ids=["one", "qkv"])
+def test_peer_loop_is_the_reference(slices, rng):
+    out, x, a, b, slots = inputs(37, 40, 52, torch.float32, rng, slices=len(slices))
     ref, peer = out.clone(), out.clone()
-    add_lora_reference(ref, x, a, b, slots)
-    bench.peer_loop(peer, x, a, b, bench.groups(slots))
+    add_lora_reference(ref, x, a, b, slots, slices)
+    bench.peer_loop(peer, x, a, b, bench.groups(slots), slices)
     assert bench.update_err(peer, out, ref) < 1e-5
     assert all(s >= 0 for s, _ in bench.groups(slots))
 

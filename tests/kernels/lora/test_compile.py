@@ -41,7 +41,7 @@ def shrink_signature(dt):
 
 
 def expand_signature(dt):
-    ints = ("T", "N", "R", "S", "stride_bs", "stride_bn", "stride_ot")
+    ints = ("T", "N", "R", "S", "stride_yt", "stride_bs", "stride_bn", "stride_ot", "tiles1", "tiles2", "col1", "col2")
     return {"y_ptr": "*fp32", "b_ptr": f"*{dt}", "slots_ptr": "*i32", "out_ptr": f"*{dt}", **{k: "i32" for k in ints}}
 
 

@@ -26,6 +26,18 @@ def test_cpu_path_matches_reference(T, dtype, rng):
     check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"add_lora cpu T={T}")
 
 
+@pytest.mark.parametrize("slices", [(60, 24, 16), (50, 50)], ids=["qkv", "gate_up"])
+@pytest.mark.parametrize("T", [1, 37])
+def test_output_slices_match_reference(T, slices, rng):
+    """Each output slice on its own rank rows of a and b's R columns, bf16."""
+    out, x, a, b, slots = inputs(T, 72, 100, torch.bfloat16, rng, slices=len(slices))
+    ref = out.clone()
+    add_lora_reference(ref, x, a, b, slots, slices)
+    got = out.clone()
+    add_lora(got, x, a, b, slots, output_slices=slices)
+    check_update(got, ref, out, slots, torch.bfloat16, rng.initial_seed(), f"add_lora cpu slices {slices}")
+
+
 def test_one_slot_for_all_tokens_and_none_at_all(rng):
     """The whole batch on one adapter (no gather), and a batch on none (out untouched)."""
     out, x, a, b, _ = inputs(9, 40, 24, torch.float32, rng)
@@ -52,9 +64,23 @@ def test_update_is_linear_in_b(rng):
     torch.testing.assert_close(twice - out, 2 * (once - out), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bad", ["x_rows", "b_rank", "dtype", "float_slots", "flat_out"])
+@pytest.mark.parametrize("bad", ["x_rows", "b_rank", "dtype", "float_slots", "flat_out", "slices_sum",
+                                 "slices_rank", "four_slices", "empty_slice"])
 def test_mismatched_arguments_are_refused(bad, rng):
     out, x, a, b, slots = inputs(4, 16, 8, torch.float32, rng)
+    slices = None
+    if bad == "slices_sum":
+        slices, match = (4, 3), "output_slices"
+    elif bad == "slices_rank":  # two slices want a of 2 R rows
+        slices, match = (4, 4), "output_slices"
+    elif bad == "four_slices":
+        slices, match = (2, 2, 2, 2), "output_slices"
+    elif bad == "empty_slice":
+        slices, match = (8, 0), "output_slices"
+    if slices is not None:
+        with pytest.raises(ValueError, match=match):
+            add_lora(out, x, a, b, slots, output_slices=slices)
+        return
     if bad == "x_rows":
         x = x[:3]
     elif bad == "b_rank":

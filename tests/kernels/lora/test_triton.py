@@ -27,10 +27,22 @@ CONFIGS = [({"BM": 16, "BK": 32, "split": 3}, {"BM": 16, "BN": 32}),
 IDS = ["split3-all", "nosplit-walk", "split2-pairs", "onehot-chunks", "onehot-one-dot"]
 
 
-def reference(out, x, a, b, slots):
+def reference(out, x, a, b, slots, output_slices=None):
     ref = out.clone()
-    add_lora_reference(ref, x, a, b, slots)
+    add_lora_reference(ref, x, a, b, slots, output_slices)
     return ref
+
+
+def block_diagonal(b, slices):
+    """b [S, N, R] of output slices as the one-slice b [S, N, n R] it stands for: slice i's
+    rows in rank columns i R ... (i + 1) R, zeros elsewhere."""
+    S, N, R = b.shape
+    full = torch.zeros(S, N, len(slices) * R, dtype=b.dtype)
+    col = 0
+    for i, n in enumerate(slices):
+        full[:, col : col + n, i * R : (i + 1) * R] = b[:, col : col + n]
+        col += n
+    return full
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -45,12 +57,34 @@ def test_kernels_match_reference(T, dtype, cfg, rng, poisoned):
     check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"lora kernels T={T} {cfg[0]}")
 
 
+SLICES = [(60, 24, 16), (37, 63)]  # q, k, v and gate, up alike: off the N tiles, one narrower than a tile
+
+
+@pytest.mark.parametrize("T", [1, 37])
+@pytest.mark.parametrize("slices", SLICES, ids=["qkv", "gate_up"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_output_slices_each_take_their_own_ranks(T, slices, cfg, rng, poisoned):
+    """A merged linear's slices: slice i's columns from y's rank columns i R ... (i + 1) R and
+    b's R columns; the same update as the reference and as one slice over the block-diagonal
+    b it stands for."""
+    out, x, a, b, slots = inputs(T, K, N, torch.float32, rng, slices=len(slices))
+    ref = reference(out, x, a, b, slots, slices)
+    assert torch.allclose(ref, reference(out, x, a, block_diagonal(b, slices), slots), rtol=1e-5, atol=1e-5)
+    got = out.clone()
+    with poisoned():
+        add_lora_triton(got, x, a, b, slots, *cfg, output_slices=slices)
+    check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"slices {slices} T={T} {cfg[1]}")
+    whole = out.clone()
+    add_lora_triton(whole, x, a, block_diagonal(b, slices), slots, *cfg)
+    check_update(got, whole, out, slots, torch.float32, rng.initial_seed(), f"slices {slices} against one")
+
+
 def test_public_call_runs_the_kernels_under_the_interpreter(rng, monkeypatch):
     """add_lora on CPU tensors takes the Triton path here (the first configs: no tuning)."""
     from llm_kernels.lora import apply
 
     ran = []
-    monkeypatch.setattr(apply, "add_lora_triton", lambda *args: ran.append(1) or add_lora_triton(*args))
+    monkeypatch.setattr(apply, "add_lora_triton", lambda *args, **kw: ran.append(1) or add_lora_triton(*args, **kw))
     out, x, a, b, slots = inputs(20, K, N, torch.bfloat16, rng)
     ref = reference(out, x, a, b, slots)
     got = out.clone()
