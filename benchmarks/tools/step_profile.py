@@ -32,10 +32,13 @@ QWEN25_05B = dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 # a kernel's family: the first key its name contains
-FAMILIES = (("_shrink_", "LoRA"), ("_expand_", "LoRA"), ("moe", "MoE"), ("w4a16", "W4A16 GEMM"), ("awq", "W4A16 GEMM"), ("kpack", "W4A16 GEMM"),
-            ("fp8", "FP8 GEMM"), ("scaled_mm", "FP8 GEMM"), ("decode", "paged decode attention"),
+FAMILIES = (("_shrink_", "LoRA"), ("_expand_", "LoRA"), ("moe", "MoE"), ("_route_kernel", "MoE"), ("_align_kernel", "MoE"),
+            ("w4a16", "W4A16 GEMM"), ("awq", "W4A16 GEMM"), ("kpack", "W4A16 GEMM"), ("_wide_tile", "W4A16 GEMM"),
+            ("fp8", "FP8 GEMM"), ("scaled_mm", "FP8 GEMM"), ("w8a16", "FP8 GEMM"), ("_dequant_kernel", "FP8 GEMM"),
+            ("quant_kernel", "FP8 activation quant"), ("decode", "paged decode attention"),
             ("prefill", "prefill attention"), ("rms", "RMSNorm"), ("rotary", "rotary"), ("silu", "SiLU-mul"),
-            ("write_kv", "KV write"), ("logits", "sampling"), ("sampl", "sampling"), ("gemm", "cuBLAS"),
+            ("act_and_mul", "SiLU-mul"), ("write_kv", "KV write"), ("logits", "sampling"), ("sampl", "sampling"),
+            ("token_mask", "structured output"), ("gemm", "cuBLAS"),
             ("nvjet", "cuBLAS"), ("sm90", "cuBLAS"), ("cutlass", "cuBLAS"), ("memcpy", "copies"),
             ("memset", "copies"))
 
