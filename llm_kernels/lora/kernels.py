@@ -257,8 +257,8 @@ def shrink_units(cfg: dict, S: int, T: int) -> int:
 
 def slice_grid(slices, block_n: int) -> tuple[int, tuple[int, int, int, int]]:
     """(the expand's N tiles, (tiles1, tiles2, col1, col2)): each output slice tiled on its
-    own (slice_tile), up to three slices; a slice a linear does not
-    have starts past the last tile and column."""
+    own (slice_tile), up to three slices; a slice a linear does not have starts past the last
+    tile and column."""
     tiles, cols = [0], [0]
     for n in slices:
         tiles.append(tiles[-1] + -(-n // block_n))
