@@ -28,11 +28,13 @@ def add_lora_cpu(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.T
         xs = xf if whole else xf.index_select(0, rows)
         y = xs @ a[s].float().t()  # [rows, n R]
         bs = b[s].float()
-        delta = torch.cat([y[:, i * R : (i + 1) * R] @ bs[c0:c1].t() for i, (c0, c1) in enumerate(bounds)], dim=1)
+        cur = out.float() if whole else out.index_select(0, rows).float()
+        for i, (c0, c1) in enumerate(bounds):  # each output slice from its own R columns of y
+            cur[:, c0:c1].addmm_(y[:, i * R : (i + 1) * R], bs[c0:c1].t())
         if whole:
-            out.copy_(out.float().add_(delta))
+            out.copy_(cur)
         else:
-            out.index_copy_(0, rows, out.index_select(0, rows).float().add_(delta).to(out.dtype))
+            out.index_copy_(0, rows, cur.to(out.dtype))
 
 
 def _bounds(slices) -> list[tuple[int, int]]:

@@ -9,8 +9,8 @@ trace: 2.3 ms of a 9.2 ms step). Here the slots are columns of one operand inste
 expand: out[t] += Y[t] @ B, with B [C, BLOCK_N] the stacked b[s][n tile]^T of a chunk of
 SLOTS_C slots (C = SLOTS_C * BLOCK_R rows: column c of Y is slot c // BLOCK_R, rank c % BLOCK_R)
 and Y [BLOCK_M, C] each row's y (its output slice's R columns) in its own slot's columns,
-zeros elsewhere (a masked load). All
-loads of a chunk are in flight at once, and a loop over chunks (S above SLOTS_C) pipelines.
+zeros elsewhere (a masked load). All loads of a chunk are in flight at once, and a loop over
+chunks (S above SLOTS_C) pipelines.
 
 shrink: Z = x @ A, A [BLOCK_K, C] the stacked a[s]^T of a chunk, then each row keeps its own
 slot's BLOCK_R columns of Z (a masked sum over the chunk's slots: adds of exact zeros). The
@@ -98,7 +98,8 @@ def _expand_onehot_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for s0 in range(0, S, SLOTS_C):
         sc = s0 + cs
-        yv = tl.load(y_ptrs, mask=(sc[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0)  # [BLOCK_M, C]: own slot's columns
+        own = (sc[None, :] == sl[:, None]) & (cr < R)[None, :]
+        yv = tl.load(y_ptrs, mask=own, other=0.0)  # [BLOCK_M, C]: each row's own slot's columns
         bt = tl.load(b_ptrs + sc.to(tl.int64)[:, None] * stride_bs,
                      mask=((sc < S) & (cr < R))[:, None] & (rn < n_end)[None, :], other=0.0)  # [C, BLOCK_N]
         acc = dot_acc(acc, yv, bt, FP32)
