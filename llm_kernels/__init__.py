@@ -14,6 +14,7 @@ from llm_kernels.w4a16 import prepare as w4a16_prepare
 from llm_kernels.kv_cache import FP8_DTYPES, write_kv_cache
 from llm_kernels.lora import add_lora
 from llm_kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
+from llm_kernels.moe_gemm_kpack import KPackExperts, kpack_experts, kpack_fits
 from llm_kernels.moe_route import select_experts
 from llm_kernels.norm import fused_add_rms_norm, rms_norm
 from llm_kernels.rotary import rotary_embedding
@@ -23,6 +24,9 @@ from llm_kernels.token_mask import apply_token_bitmask
 __all__ = [
     "FP8_DTYPES",
     "AWQExperts",
+    "KPackExperts",
+    "kpack_experts",
+    "kpack_fits",
     "add_lora",
     "awq_experts_dequantize",
     "fused_moe",

@@ -3,7 +3,8 @@ with e = topk_ids[t, k] (the experts of Qwen3-MoE / transformers' `*Experts` mod
 
 Weights: dense w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and w2 [E, H, I];
 or AWQExperts, the AutoAWQ GEMM layout of each expert stacked along a new first
-dim (see AWQExperts). The reference loops over the experts that have tokens
+dim (see AWQExperts), or those experts repacked once at load into the dense 4-bit
+path's K-packed layout (llm_kernels.moe_gemm_kpack.KPackExperts, what a GPU runs). The reference loops over the experts that have tokens
 (the CPU path and the oracle). The Triton path (CUDA; CPU under the
 interpreter) sorts the (token, slot) pairs by expert and pads each expert's
 run to the GEMM's BLOCK_M on the device (moe_align: static sizes, no host
@@ -11,8 +12,8 @@ synchronisation, so it can be captured in a CUDA graph), then
 runs two grouped GEMMs, one launch each: w13 with the gather of token rows and
 silu(gate) * up fused in, then w2 with the routing weight multiplied in, one row
 per (token, slot); the slots are summed last. The GEMMs are llm_kernels.moe_gemm's
-(dense, and AWQ in blocks of 32 rows and more) and llm_kernels.moe_gemm_awq's (AWQ
-in blocks of 16: decode). Up to ALIGN_PAIRS pairs on a GPU the sort/pad is one
+(dense, and AWQ as the checkpoint packs it) and llm_kernels.moe_gemm_kpack's (kpack
+experts). Up to ALIGN_PAIRS pairs on a GPU the sort/pad is one
 Triton program (`_align_kernel`) instead of a dozen torch kernels: in an E4 profile
 on an H100 those took about 3 ms of a 26 ms step at 50 sequences.
 """
@@ -24,7 +25,8 @@ import torch
 import torch.nn.functional as F
 import triton.language as tl
 
-from llm_kernels import moe_gemm, moe_gemm_awq
+from llm_kernels import moe_gemm, moe_gemm_kpack
+from llm_kernels.moe_gemm_kpack import KPackExperts, kpack_experts_dequantize
 from llm_kernels.w4a16.awq_format import awq_dequantize, check_awq_shapes
 from llm_kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
 
@@ -88,12 +90,15 @@ def fused_moe_reference(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     return _reference(x, topk_weights, topk_ids, lambda e: (w13[e], w2[e]))
 
 
-def fused_moe_awq_reference(x, w13: AWQExperts, w2: AWQExperts, topk_weights, topk_ids) -> torch.Tensor:
-    """PyTorch fused_moe on AWQ experts: each used expert dequantized (llm_kernels.awq_dequantize)."""
+def fused_moe_awq_reference(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """PyTorch fused_moe on AWQ (or kpack) experts: each used expert dequantized."""
+    def dense(w, e):
+        if isinstance(w, KPackExperts):
+            return kpack_experts_dequantize(w, e)
+        return awq_dequantize(w.qweight[e], w.qzeros[e], w.scales[e], w.group_size, torch.float32).t()
+
     def expert(e):
-        a = awq_dequantize(w13.qweight[e], w13.qzeros[e], w13.scales[e], w13.group_size, torch.float32)
-        b = awq_dequantize(w2.qweight[e], w2.qzeros[e], w2.scales[e], w2.group_size, torch.float32)
-        return a.t(), b.t()
+        return dense(w13, e), dense(w2, e)
 
     return _reference(x, topk_weights, topk_ids, expert)
 
@@ -201,47 +206,52 @@ _CANDIDATES = {
 }
 
 
-# (BLOCK_W words = 8 BLOCK_W columns, BLOCK_K, warps, stages) of the AWQ plane kernel
-# (llm_kernels.moe_gemm_awq), which takes AWQ's blocks of 16 rows (decode). On an H100 at
-# Qwen3-30B-A3B's shapes it ran them in 0.63x (w13) and 0.87x (w2) the widening kernel's best
-# time at 10 tokens, 0.61x and 0.73x at 50; from 32 rows a block (prefill, large batches) the
-# widening kernel won every shape timed (512 to 4,096 tokens: its wgmma tiles against 16
-# float32 accumulators of plane dots), so it alone runs those. Of BW 16 the 2-warp program won
-# (H100, 10 and 50 tokens: 0.55-0.77x the 4-warp one's time); BW 32 on 8 warps, and BW 16 on 4
-# warps with 2 or 4 stages or BK 64, never won
-_PLANES = [(32, 64, 4, 3), (16, 128, 2, 3)]
+# (BLOCK_N, swap, warps, stages) of the kpack kernel (llm_kernels.moe_gemm_kpack) on a GPU. At 16
+# rows a block (decode) on an H100 at Qwen3-30B-A3B's shapes, these were the fastest of BLOCK_N
+# 32 / 64 / 128, swapped or not, on 2, 4 or 8 warps and 3 or 4 stages (w13 / w2 at 10, 50 and 256
+# tokens), and 1.5-2.1x faster than the nibble-plane kernel on AutoAWQ's own packing that ran them
+# before (at 50 tokens w13 91 against 169 us, w2 57 against 87 us). On sm_90, 8 warps on a swapped
+# tile, and unswapped tiles of 64 rows and more, stage the dequantized tile through shared memory
+# inside the loop (their TTGIR): those blocks take swapped 4-warp tiles only
+_KPACK = {16: [(64, True, 4, 3), (64, False, 4, 3), (128, True, 2, 3), (128, False, 2, 3), (64, False, 4, 4)],
+          32: [(64, True, 4, 3), (128, True, 4, 3), (64, False, 4, 3), (128, False, 4, 3), (128, False, 8, 3)],
+          64: [(64, True, 4, 3), (128, True, 4, 3), (64, True, 4, 4), (128, True, 4, 4)]}
+_KPACK[128] = _KPACK[64]
 
 
-def moe_configs(block_m: int, dtype, device, group_size: int | None = None) -> list[dict]:
-    """Candidate configs of one grouped GEMM; the first is the interpreter's and the
-    one used when a shape is first met inside a graph capture. AWQ caps BLOCK_K at
-    the group size (a K step is one group)."""
-    if group_size and block_m == 16:  # the plane kernel's ("BW": words of 8 columns a program)
-        small = device.type != "cuda" or dtype == torch.float32
-        return [{"kind": "planes", "BM": block_m, "BW": bw, "BK": min(bk, group_size), "warps": warps,
-                 "stages": stages, "GM": 8} for bw, bk, warps, stages in ([(4, 32, 4, 2)] if small else _PLANES)]
+def moe_configs(block_m: int, dtype, device, group_size: int | None = None, layout: str = "dense") -> list[dict]:
+    """Candidate configs of one grouped GEMM on experts of `layout` ("dense", "awq" or
+    "kpack"); the first is the interpreter's and the one used when a shape is first met
+    inside a graph capture. AWQ caps BLOCK_K at the group size (a K step is one group)."""
+    small = device.type != "cuda" or dtype == torch.float32  # the interpreter, or the float32 correctness path
+    if layout == "kpack":
+        cands = [(32, False, 4, 2), (32, True, 4, 2)] if small else _KPACK[block_m]
+        return [{"kind": "kpack", "BM": block_m, "BN": bn, "swap": swap, "warps": warps, "stages": stages, "GM": 8}
+                for bn, swap, warps, stages in cands]
     out = []
-    if device.type != "cuda" or dtype == torch.float32:  # the interpreter, or the float32 correctness path
-        cands = [(32, 32, 4, 2)]
-    else:
-        cands = _CANDIDATES[block_m]
-    for bn, bk, warps, stages in cands:
+    for bn, bk, warps, stages in [(32, 32, 4, 2)] if small else _CANDIDATES[block_m]:
         cfg = {"BM": block_m, "BN": bn, "BK": min(bk, group_size or bk), "warps": warps, "stages": stages, "GM": 8}
         if cfg not in out:
             out.append(cfg)
     return out
 
 
+def layout_of(weights) -> str:
+    """"kpack", "awq" or "dense": which grouped GEMM runs these experts."""
+    return "kpack" if isinstance(weights, KPackExperts) else "awq" if isinstance(weights, AWQExperts) else "dense"
+
+
 def _gemm(name, a, weights, out, align, topk_weights, config, key, **how):
     """One grouped GEMM with `config`, or the one tuned for `key`."""
     group = getattr(weights, "group_size", None)
+    layout = layout_of(weights)
+    gemm = moe_gemm_kpack if layout == "kpack" else moe_gemm
 
     def run(cfg):
-        gemm = moe_gemm_awq if cfg.get("kind") == "planes" else moe_gemm
         return gemm.launch(a, weights, out, align, topk_weights, cfg, **how)
 
     if config is None:
-        config = autotune(name, key, lambda: moe_configs(key[0], a.dtype, a.device, group), run,
+        config = autotune(name, key, lambda: moe_configs(key[0], a.dtype, a.device, group, layout), run,
                           checked=(a.dtype, group))
     return run(config)
 
@@ -271,7 +281,7 @@ def _fused(x, w13, w2, topk_weights, topk_ids, E: int, inter: int, config: dict 
     align = moe_align(topk_ids, E, bm)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     group = getattr(w13, "group_size", 0)
-    key = (bm, next_pow2(T), E, k, H, inter, x.dtype, group)
+    key = (bm, next_pow2(T), E, k, H, inter, x.dtype, group, layout_of(w13))
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     _gemm("moe_w13", x, w13, act, align, tw, config, key, a_div=k, gated=True, mul_w=False)
     y = torch.empty(T * k, H, dtype=x.dtype, device=x.device)
@@ -289,17 +299,21 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, config: dict | None = None) ->
     return _fused(x, w13.contiguous(), w2.contiguous(), topk_weights, topk_ids, E, inter, config)
 
 
-def fused_moe_awq(x, w13: AWQExperts, w2: AWQExperts, topk_weights, topk_ids,
-                  config: dict | None = None) -> torch.Tensor:
-    """fused_moe on AWQ experts: w13 of K = H inputs and N = 2I outputs (gate then up),
-    w2 of K = I, N = H; dequantized inside the GEMMs' K loops."""
+def fused_moe_awq(x, w13, w2, topk_weights, topk_ids, config: dict | None = None) -> torch.Tensor:
+    """fused_moe on 4-bit experts, AWQExperts or KPackExperts (llm_kernels.moe_gemm_kpack.
+    kpack_experts of them, what the engine runs on a GPU): w13 of K = H inputs and N = 2I
+    outputs (gate then up), w2 of K = I, N = H; dequantized inside the GEMMs' K loops."""
     E, inter = _check(x, w13.shape, w2.shape, topk_weights, topk_ids)
-    check_awq_experts(w13, "fused_moe_awq w13")
-    check_awq_experts(w2, "fused_moe_awq w2")
+    if type(w13) is not type(w2) or not isinstance(w13, (AWQExperts, KPackExperts)):
+        raise ValueError(f"fused_moe_awq: w13 and w2 must both be AWQExperts or both KPackExperts, got "
+                         f"{type(w13).__name__} and {type(w2).__name__}")
+    if isinstance(w13, AWQExperts):
+        check_awq_experts(w13, "fused_moe_awq w13")
+        check_awq_experts(w2, "fused_moe_awq w2")
     if inter % 8:
         raise ValueError(f"fused_moe_awq: intermediate size {inter} is not a multiple of 8")
-    if not (use_triton(x, w13.qweight, w2.qweight) and x.shape[0]):
+    if not (use_triton(x, w13[0], w2[0]) and x.shape[0]):
         return fused_moe_awq_reference(x, w13, w2, topk_weights, topk_ids)
-    w13 = AWQExperts(*(t.contiguous() for t in w13[:3]), w13.group_size)
-    w2 = AWQExperts(*(t.contiguous() for t in w2[:3]), w2.group_size)
+    w13 = type(w13)(*(t.contiguous() for t in w13[:3]), w13.group_size)
+    w2 = type(w2)(*(t.contiguous() for t in w2[:3]), w2.group_size)
     return _fused(x, w13, w2, topk_weights, topk_ids, E, inter, config)

@@ -106,7 +106,7 @@ def dequant_asm(j: int, dtype) -> str:
 
 
 @jit_helper
-def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
+def kpack_plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
     """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
     dtype (float32 when EXACT); nz and zf are broadcast to h's shape."""
     if EXACT:
@@ -119,7 +119,7 @@ def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.conste
 
 
 @jit_helper
-def _mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
+def kpack_mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
     """acc + x b, or acc + b x when SWAP (b is then W^T's tile and x is x^T's)."""
     if SWAP:
         if EXACT and x.dtype == tl.float32:
@@ -240,14 +240,14 @@ def _kpack_kernel(
                 x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
             h = ha if p < 4 else hb
             if p % 4 == 0:
-                b = _plane(h, 0, nz, zf, x, A0, EXACT)
+                b = kpack_plane(h, 0, nz, zf, x, A0, EXACT)
             elif p % 4 == 1:
-                b = _plane(h, 1, nz, zf, x, A1, EXACT)
+                b = kpack_plane(h, 1, nz, zf, x, A1, EXACT)
             elif p % 4 == 2:
-                b = _plane(h, 2, nz, zf, x, A2, EXACT)
+                b = kpack_plane(h, 2, nz, zf, x, A2, EXACT)
             else:
-                b = _plane(h, 3, nz, zf, x, A3, EXACT)
-            gacc = _mma(x, b, gacc, SWAP, EXACT)
+                b = kpack_plane(h, 3, nz, zf, x, A3, EXACT)
+            gacc = kpack_mma(x, b, gacc, SWAP, EXACT)
             if (p + 1) % PPG == 0:
                 if SWAP:
                     acc += gacc * sc[:, None]

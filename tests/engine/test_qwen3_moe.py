@@ -9,6 +9,8 @@ import shutil
 import pytest
 import torch
 
+import llm_kernels
+
 from engine import LLM, SamplingParams
 from engine.distributed import TPGroup
 from engine.errors import UnsupportedModelError
@@ -319,6 +321,26 @@ def test_awq_experts_triton_equals_dense(awq_pair, monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         triton = block(x)
     err = ((triton - dense).norm() / dense.norm()).item()
+    assert err < 1e-5, err
+
+
+def test_awq_experts_are_repacked_at_load_where_triton_runs(awq_pair, monkeypatch):
+    """Where the Triton kernels run (a GPU; here the interpreter) finalize repacks the experts
+    into the kpack layout and frees the checkpoint's buffers; the block's output is the CPU's
+    (dequantized) one."""
+    _, dst, _ = awq_pair
+    x = torch.randn(13, 128, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        dense = LLM(dst, num_kv_blocks=16).engine.model.layers[0].mlp(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    block = LLM(dst, num_kv_blocks=16).engine.model.layers[0].mlp
+    experts = block.experts
+    assert experts.dense is None and all(isinstance(w, llm_kernels.KPackExperts) for w in experts.kpack)
+    assert experts.kpack[0].shape == (experts.num_experts, 2 * 128, 128)
+    assert experts.w13_qweight.numel() == 0 and experts.w2_scales.numel() == 0
+    with torch.no_grad():
+        got = block(x)
+    err = ((got - dense).norm() / dense.norm()).item()
     assert err < 1e-5, err
 
 

@@ -1,6 +1,7 @@
 """Fused MoE on the GPU at Qwen3-30B-A3B's shapes (hidden 2048, moe intermediate 768,
 128 experts, top-8): the Triton grouped GEMMs (tuned) against the PyTorch reference,
-dense and AWQ g128, and the whole call captured in a CUDA graph and replayed with new
+dense and AWQ g128 (the experts repacked into kpack, as the engine runs them, and as the
+checkpoint packs them), and the whole call captured in a CUDA graph and replayed with new
 routing (no host synchronisation inside)."""
 import pytest
 import torch
@@ -58,8 +59,17 @@ def _awq(K, N, gen, dtype):
 
 
 @pytest.fixture(scope="module")
-def awq(gen):
+def awq_ckpt(gen):
+    """(w13, w2) as AWQExperts: AutoAWQ's packing."""
     return _awq(H, 2 * INTER, gen, torch.bfloat16), _awq(INTER, H, gen, torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def awq(awq_ckpt):
+    """The same experts repacked as the engine holds them on a GPU (KPackExperts)."""
+    from llm_kernels import kpack_experts
+
+    return tuple(kpack_experts(w) for w in awq_ckpt)
 
 
 def check_bf16(fn, reference, weights, T, gen):
@@ -79,10 +89,16 @@ def test_fused_moe_dense_bf16(T, dense, gen):
 
 
 @pytest.mark.parametrize("T", [1, 256, slow(16), slow(1024)])
-def test_fused_moe_awq_g128_bf16(T, awq, gen):
+def test_fused_moe_awq_g128_bf16(T, awq, awq_ckpt, gen):
+    """kpack experts against the reference on AutoAWQ's packing (the repack included), and the
+    checkpoint's packing run as it is (the widening kernel)."""
     from llm_kernels.moe import fused_moe_awq, fused_moe_awq_reference
 
-    check_bf16(fused_moe_awq, fused_moe_awq_reference, awq, T, gen)
+    def on_ckpt_reference(x, w13, w2, tw, ti):
+        return fused_moe_awq_reference(x, *awq_ckpt, tw, ti)
+
+    check_bf16(fused_moe_awq, on_ckpt_reference, awq, T, gen)
+    check_bf16(fused_moe_awq, fused_moe_awq_reference, awq_ckpt, T, gen)
 
 
 def test_fused_moe_fp16_and_every_candidate_config(dense, gen):
@@ -133,28 +149,31 @@ def test_fused_moe_replays_in_a_cuda_graph(quant, dense, awq, gen):
         check(out, ref_fn(x, *weights, tw, ti), torch.bfloat16, "replayed fused_moe")
 
 
-def test_fused_moe_awq_every_candidate_config(awq, gen):
-    """Each AWQ candidate of the tuner, the nibble-plane kernel's (decode) and the widening one's, computes the same."""
+def test_fused_moe_awq_every_candidate_config(awq, awq_ckpt, gen):
+    """Each 4-bit candidate of the tuner computes the same: the kpack kernel's at decode and
+    prefill blocks (16, 32, 64 and 128 rows), the widening kernel's on AutoAWQ's packing."""
     from triton.runtime.errors import OutOfResources
 
-    from llm_kernels.moe import block_m_for, fused_moe_awq, fused_moe_awq_reference, moe_configs
+    from llm_kernels.moe import block_m_for, fused_moe_awq, fused_moe_awq_reference, layout_of, moe_configs
 
-    kinds = set()
-    for T in (4, 50, 512):
+    blocks = set()
+    for T in (4, 50, 512, 2048, 6000):
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         tw, ti = routing(T, gen)
-        ref = fused_moe_awq_reference(x, *awq, tw, ti)
-        cfgs, too_big = moe_configs(block_m_for(T * TOP_K, E), torch.bfloat16, x.device, G), []
-        kinds |= {c.get("kind") for c in cfgs}
-        for cfg in cfgs:
-            try:
-                out = fused_moe_awq(x, *awq, tw, ti, config=cfg)
-            except OutOfResources:
-                too_big.append(cfg)
-                continue
-            check(out, ref, torch.bfloat16, f"fused_moe_awq T={T} {cfg}")
-        assert len(too_big) <= len(cfgs) // 3, too_big
-    assert kinds == {"planes", None}
+        ref = fused_moe_awq_reference(x, *awq_ckpt, tw, ti)
+        bm = block_m_for(T * TOP_K, E)
+        blocks.add(bm)
+        for weights in (awq, awq_ckpt):
+            cfgs, too_big = moe_configs(bm, torch.bfloat16, x.device, G, layout_of(weights[0])), []
+            for cfg in cfgs:
+                try:
+                    out = fused_moe_awq(x, *weights, tw, ti, config=cfg)
+                except OutOfResources:
+                    too_big.append(cfg)
+                    continue
+                check(out, ref, torch.bfloat16, f"fused_moe_awq T={T} {cfg}")
+            assert len(too_big) <= len(cfgs) // 3, too_big
+    assert blocks == {16, 32, 64, 128}
 
 
 @pytest.mark.parametrize("T", [1, 10, 50, 512])

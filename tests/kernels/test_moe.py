@@ -1,13 +1,13 @@
 """Fused MoE: the expert sort/pad (moe_align: the one-launch Triton program against the torch
 ops), and the Triton grouped GEMMs (interpreted) against the PyTorch reference, dense and AWQ
-(the nibble-plane kernel and the widening one); float32 and float16 (bf16 dots are broken
-under the interpreter)."""
+(on AutoAWQ's packing: the widening kernel; repacked into kpack experts: the engine's GPU
+kernel, swapped or not); float32 and float16 (bf16 dots are broken under the interpreter)."""
 import pytest
 import torch
 import torch.nn.functional as F
 from tests.kernels.kernel_checks import assert_close
 
-from llm_kernels import awq_dequantize, moe, pack_awq_int4
+from llm_kernels import awq_dequantize, kpack_experts, kpack_fits, moe, pack_awq_int4
 from llm_kernels.moe import (
     AWQExperts,
     awq_experts_dequantize,
@@ -133,7 +133,7 @@ def test_routing_weights_are_applied_once(rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("G,H,inter", [(32, 64, 32), (64, 128, 64), (128, 128, 128)])
+@pytest.mark.parametrize("G,H,inter", [(32, 64, 32), (64, 128, 64), (128, 128, 128), (32, 256, 128)])
 @pytest.mark.parametrize("T", [1, 37])
 def test_fused_moe_awq_matches_dequantized_reference(dtype, G, H, inter, T, rng, poisoned):
     x = torch.randn(T, H, generator=rng).to(dtype)
@@ -144,10 +144,20 @@ def test_fused_moe_awq_matches_dequantized_reference(dtype, G, H, inter, T, rng,
                                 tw, ti).to(dtype)
     assert_close(dense, ref, dtype, rng.initial_seed(), "dense of the dequantized experts")
     with poisoned():
-        out = fused_moe_awq(x, w13, w2, tw, ti)  # 16-row blocks: the nibble-plane kernel
-        wide = fused_moe_awq(x, w13, w2, tw, ti, config={"BM": 32, "BN": 32, "BK": 32, "warps": 4, "stages": 2})
-    assert_close(out, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}")
+        wide = fused_moe_awq(x, w13, w2, tw, ti)  # AutoAWQ's packing: the widening kernel
     assert_close(wide, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}, the widening kernel")
+    fits = kpack_fits(H, G) and kpack_fits(inter, G)
+    assert fits == (inter % 128 == 0)  # the engine repacks the last two cases
+    if not fits:  # a K of 64 or 32 rows: no whole 128-row block
+        return
+    k13, k2 = kpack_experts(w13), kpack_experts(w2)
+    assert k13.shape == w13.shape and k2.shape == w2.shape
+    assert_close(fused_moe_awq_reference(x, k13, k2, tw, ti), ref, dtype, rng.initial_seed(), "kpack reference")
+    with poisoned():
+        kpack = fused_moe_awq(x, k13, k2, tw, ti)  # the tuner's first kpack config
+        swapped = fused_moe_awq(x, k13, k2, tw, ti, config={"kind": "kpack", "BM": 32, "BN": 32, "swap": True})
+    assert_close(kpack, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}, kpack experts")
+    assert_close(swapped, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}, kpack experts swapped")
 
 
 def test_awq_experts_layout_is_the_checkpoint_stacked(rng):
@@ -169,6 +179,9 @@ def test_fused_moe_refuses_mismatched_shapes(rng):
     q = awq_weights(32, 32, 32, torch.float32, rng)
     with pytest.raises(ValueError, match="group"):
         fused_moe_awq(x, q._replace(group_size=64), awq_weights(16, 32, 16, torch.float32, rng), tw, ti)
+    w13, w2 = awq_weights(128, 256, 32, torch.float32, rng), awq_weights(128, 128, 32, torch.float32, rng)
+    with pytest.raises(ValueError, match="must both be AWQExperts or both KPackExperts"):
+        fused_moe_awq(torch.randn(3, 128), w13, kpack_experts(w2), tw, ti)
 
 
 def test_zero_tokens(rng):

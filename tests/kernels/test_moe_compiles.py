@@ -1,10 +1,11 @@
-"""The nibble-plane MoE kernel (llm_kernels.moe_gemm_awq) compiles for Hopper (sm_90) and Ampere
+"""The kpack MoE kernel (llm_kernels.moe_gemm_kpack) compiles for Hopper (sm_90) and Ampere
 (sm_80) on this machine without a GPU (Triton's compiler and its ptxas), with the helpers it
-borrows from llm_kernels.w4a16.ckpt and llm_kernels.moe_gemm built in compiled mode: the
-words reach the tensor cores' operand layout from shared memory as loaded (no widened tile
-stored back to shared memory inside the loop, which the widening kernel does); and the router
-kernel (llm_kernels.moe_route) compiles for top-1 to top-8 over 8 to 128 experts, and the sort
-of moe_align for 16 to 4,096 pairs. Each check runs in a fresh process
+borrows from llm_kernels.w4a16.kpack and llm_kernels.moe_gemm built in compiled mode: every
+candidate's half-words reach the tensor cores' operand (wgmma on Hopper when swapped) from
+shared memory as loaded, pipelined by cp.async (no dequantized tile stored back to shared
+memory inside the loop, which the widening kernel does); the router kernel
+(llm_kernels.moe_route) compiles for top-1 to top-8 over 8 to 128 experts, and the sort of
+moe_align for 16 to 4,096 pairs. Each check runs in a fresh process
 (tests/kernels/fresh_process.py)."""
 import pytest
 import torch
@@ -14,7 +15,7 @@ from tests.kernels.fresh_process import run_fresh
 
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("gated", [True, False])
-def test_the_plane_kernel_compiles_without_a_shared_memory_round_trip(arch, gated):
+def test_the_kpack_kernel_compiles_without_a_shared_memory_round_trip(arch, gated):
     run_fresh(__name__, "check_compile", arch, gated)
 
 
@@ -32,28 +33,33 @@ def compile_for(fn, sig: dict, const: dict, arch: int, options: dict, aligned=()
 
 
 def check_compile(arch: int, gated: bool) -> None:
-    from llm_kernels import moe_gemm_awq
+    from llm_kernels import moe_gemm_kpack
     from llm_kernels.moe import moe_configs
-    from llm_kernels.w4a16.ckpt import ASM_PAIR
+    from llm_kernels.w4a16.kpack import dequant_asm
 
-    fn = moe_gemm_awq._moe_awq_kernel.built(False)
+    fn = moe_gemm_kpack._moe_kpack_kernel.built(False)
     names = fn.arg_names
     sig = {n: "i32" for n in names}
-    sig.update({"a_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
+    sig.update({"a_ptr": "*bf16", "qk_ptr": "*i16", "z_ptr": "*i16", "s_ptr": "*bf16", "out_ptr": "*bf16",
                 "ids_ptr": "*i32", "blk_e_ptr": "*i32", "total_ptr": "*i32", "topw_ptr": "*fp32"})
-    aligned = ("a_ptr", "qw_ptr", "qz_ptr", "s_ptr", "out_ptr", "N", "K", "stride_am", "stride_om", "stride_qe",
+    aligned = ("a_ptr", "qk_ptr", "z_ptr", "s_ptr", "out_ptr", "N", "stride_am", "stride_om", "stride_qe",
                "stride_ze", "stride_se")
-    for cfg in moe_configs(16, torch.bfloat16, torch.device("cuda"), 128):  # a GPU's candidates
-        bw, bk, warps, stages = cfg["BW"], cfg["BK"], cfg["warps"], cfg["stages"]
-        const = dict(A_DIV=8 if gated else 1, GATED=gated, MUL_W=not gated, BLOCK_M=16, BLOCK_W=bw, BK=bk,
-                     OFF=128.0, MAGIC=0x43004300, ASM=ASM_PAIR, DEQ=2, FP32=False, GROUP_M=8)
-        k = compile_for(fn, sig, const, arch, {"num_warps": warps, "num_stages": stages}, aligned)
-        ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
-        start = ttgir.index("scf.for")
-        loop = ttgir[start: ttgir.index("scf.yield", start)]
-        assert "mma.sync" in ptx and "cp.async" in ptx and "prmt.b32" in ptx, (arch, bw, bk)
-        assert "local_alloc" not in loop, f"a tile stored to shared memory in the loop ({arch}, {bw}, {bk})"
-        assert k.metadata.shared <= 227 * 1024  # within Hopper's shared memory
+    asm = [dequant_asm(j, torch.bfloat16) for j in range(4)]
+    for bm in (16, 64):  # a GPU's candidates at decode and prefill blocks, Qwen3-30B-A3B's K (2,048 / 768)
+        for cfg in moe_configs(bm, torch.bfloat16, torch.device("cuda"), 128, "kpack"):
+            const = dict(NBLK=16 if gated else 6, S=64, G=128, PPG=8, NBASE=0xC300, A_DIV=8 if gated else 1,
+                         GATED=gated, MUL_W=not gated, BLOCK_M=bm, BLOCK_N=cfg["BN"], A0=asm[0], A1=asm[1],
+                         A2=asm[2], A3=asm[3], EXACT=False, SWAP=cfg["swap"], GROUP_M=8)
+            k = compile_for(fn, sig, const, arch, {"num_warps": cfg["warps"], "num_stages": cfg["stages"]}, aligned)
+            ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+            start = ttgir.index("scf.for")
+            loop = ttgir[start: ttgir.index("scf.yield", start)]
+            # Hopper's wgmma takes the dequantized weights from registers as its first operand (swapped)
+            # and needs whole warpgroups of 4 warps; otherwise mma.sync
+            mma = "wgmma" if arch == 90 and cfg["swap"] and cfg["warps"] % 4 == 0 else "mma.sync"
+            assert mma in ptx and "cp.async" in ptx and "lop3.b32" in ptx, (arch, cfg)
+            assert "local_alloc" not in loop, f"a tile stored to shared memory in the loop ({arch}, {cfg})"
+            assert k.metadata.shared <= 227 * 1024  # within Hopper's shared memory
 
 
 @pytest.mark.parametrize("arch", [90, 80])
