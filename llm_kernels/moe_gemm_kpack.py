@@ -20,7 +20,8 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, uses_helpers_of
 from llm_kernels.moe_gemm import block_of, block_rows
-from llm_kernels.w4a16.kpack import ROWS, dequant_asm, kpack_dequantize_reference, kpack_from_awq, kpack_mma, kpack_plane
+from llm_kernels.w4a16.kpack import (ROWS, dequant_asm, kpack_add_scaled, kpack_dequantize_reference, kpack_from_awq,
+                                     kpack_plane_dot, kpack_zeros)
 
 uses_helpers_of(__name__, "llm_kernels.w4a16.kpack", "llm_kernels.moe_gemm")
 
@@ -74,31 +75,10 @@ def _block_planes(acc, xrow, mmask, h_ptrs, S, z_ptrs, s_ptrs, nmask, k0, N_ALL,
             g = (k0 + 16 * p) // G
             zi = tl.load(z_ptrs + g * N_ALL, mask=nmask, other=0).to(tl.int32)
             sc = tl.load(s_ptrs + g * N_ALL, mask=nmask, other=0.0).to(tl.float32)
-            if SWAP:
-                nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [zi.shape[0], 16])
-                zf = zi.to(tl.float32)[:, None]
-            else:
-                nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, zi.shape[0]])
-                zf = zi.to(tl.float32)[None, :]
-        if SWAP:
-            x = tl.load(xrow + 16 * p, mask=mmask[None, :], other=0.0)
-        else:
-            x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
-        h = ha if p < 4 else hb
-        if p % 4 == 0:
-            b = kpack_plane(h, 0, nz, zf, x, A0, EXACT)
-        elif p % 4 == 1:
-            b = kpack_plane(h, 1, nz, zf, x, A1, EXACT)
-        elif p % 4 == 2:
-            b = kpack_plane(h, 2, nz, zf, x, A2, EXACT)
-        else:
-            b = kpack_plane(h, 3, nz, zf, x, A3, EXACT)
-        gacc = kpack_mma(x, b, gacc, SWAP, EXACT)
+            nz, zf = kpack_zeros(zi, NBASE, SWAP)
+        gacc = kpack_plane_dot(gacc, xrow, mmask, ha, hb, p, nz, zf, A0, A1, A2, A3, EXACT, SWAP)
         if (p + 1) % PPG == 0:
-            if SWAP:
-                acc += gacc * sc[:, None]
-            else:
-                acc += gacc * sc[None, :]
+            acc = kpack_add_scaled(acc, gacc, sc, SWAP)
             gacc = tl.zeros_like(acc)
     return acc
 

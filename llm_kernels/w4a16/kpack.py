@@ -106,7 +106,7 @@ def dequant_asm(j: int, dtype) -> str:
 
 
 @jit_helper
-def kpack_plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
+def _plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.constexpr):
     """Nibble j of the half-words h ([16, BN], or [BN, 16] when swapped) as q - z in like's
     dtype (float32 when EXACT); nz and zf are broadcast to h's shape."""
     if EXACT:
@@ -119,7 +119,7 @@ def kpack_plane(h, j: tl.constexpr, nz, zf, like, ASM: tl.constexpr, EXACT: tl.c
 
 
 @jit_helper
-def kpack_mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
+def _mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
     """acc + x b, or acc + b x when SWAP (b is then W^T's tile and x is x^T's)."""
     if SWAP:
         if EXACT and x.dtype == tl.float32:
@@ -132,6 +132,50 @@ def kpack_mma(x, b, acc, SWAP: tl.constexpr, EXACT: tl.constexpr):
         else:
             acc = tl.dot(x, b, acc)
     return acc
+
+
+@jit_helper
+def kpack_zeros(zi, NBASE: tl.constexpr, SWAP: tl.constexpr):
+    """A group's zeros zi [BN] (int32) as _plane takes them: nz, the 16-bit patterns
+    -(OFF + z) broadcast to a [16, BN] plane ([BN, 16] when SWAP), and zf, z as float32."""
+    if SWAP:  # one return: a compiled helper's returns must share a type
+        nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [zi.shape[0], 16])
+        zf = zi.to(tl.float32)[:, None]
+    else:
+        nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, zi.shape[0]])
+        zf = zi.to(tl.float32)[None, :]
+    return nz, zf
+
+
+@jit_helper
+def kpack_add_scaled(acc, gacc, sc, SWAP: tl.constexpr):
+    """acc + a group's float32 sum gacc times its scales sc [BN] (per column; per row when SWAP)."""
+    if SWAP:
+        acc += gacc * sc[:, None]
+    else:
+        acc += gacc * sc[None, :]
+    return acc
+
+
+@jit_helper
+def kpack_plane_dot(gacc, xrow, mmask, ha, hb, p: tl.constexpr, nz, zf, A0: tl.constexpr, A1: tl.constexpr,
+                    A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr, SWAP: tl.constexpr):
+    """gacc + plane p of a 128-row block: x's columns 16 p ... 16 p + 15 (xrow: the block's first,
+    rows past mmask zero) times nibble p % 4 of the half-words ha (p < 4) or hb, as q - z."""
+    if SWAP:
+        x = tl.load(xrow + 16 * p, mask=mmask[None, :], other=0.0)
+    else:
+        x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
+    h = ha if p < 4 else hb
+    if p % 4 == 0:
+        b = _plane(h, 0, nz, zf, x, A0, EXACT)
+    elif p % 4 == 1:
+        b = _plane(h, 1, nz, zf, x, A1, EXACT)
+    elif p % 4 == 2:
+        b = _plane(h, 2, nz, zf, x, A2, EXACT)
+    else:
+        b = _plane(h, 3, nz, zf, x, A3, EXACT)
+    return _mma(x, b, gacc, SWAP, EXACT)
 
 
 @jit_helper
@@ -228,31 +272,10 @@ def _kpack_kernel(
                     sc = s_blk
                 else:
                     sc = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
-                if SWAP:
-                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[:, None], [BLOCK_N, 16])
-                    zf = zi.to(tl.float32)[:, None]
-                else:
-                    nz = tl.broadcast_to((NBASE + zi).to(tl.int16)[None, :], [16, BLOCK_N])
-                    zf = zi.to(tl.float32)[None, :]
-            if SWAP:
-                x = tl.load(xrow + 16 * p, mask=mmask[None, :], other=0.0)
-            else:
-                x = tl.load(xrow + 16 * p, mask=mmask[:, None], other=0.0)
-            h = ha if p < 4 else hb
-            if p % 4 == 0:
-                b = kpack_plane(h, 0, nz, zf, x, A0, EXACT)
-            elif p % 4 == 1:
-                b = kpack_plane(h, 1, nz, zf, x, A1, EXACT)
-            elif p % 4 == 2:
-                b = kpack_plane(h, 2, nz, zf, x, A2, EXACT)
-            else:
-                b = kpack_plane(h, 3, nz, zf, x, A3, EXACT)
-            gacc = kpack_mma(x, b, gacc, SWAP, EXACT)
+                nz, zf = kpack_zeros(zi, NBASE, SWAP)
+            gacc = kpack_plane_dot(gacc, xrow, mmask, ha, hb, p, nz, zf, A0, A1, A2, A3, EXACT, SWAP)
             if (p + 1) % PPG == 0:
-                if SWAP:
-                    acc += gacc * sc[:, None]
-                else:
-                    acc += gacc * sc[None, :]
+                acc = kpack_add_scaled(acc, gacc, sc, SWAP)
                 gacc = tl.zeros_like(acc)
         if (blk == NBLK - 1) | (u == u1 - 1):  # this program's part of tile t ends here
             if (u - blk >= u0) & (blk == NBLK - 1):  # the whole tile
