@@ -20,8 +20,8 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, uses_helpers_of
 from llm_kernels.moe_gemm import block_of, block_rows
-from llm_kernels.w4a16.kpack import (ROWS, dequant_asm, kpack_add_scaled, kpack_dequantize_reference, kpack_from_awq,
-                                     kpack_plane_dot, kpack_zeros)
+from llm_kernels.w4a16.kpack import (ROWS, STRIPE, dequant_asm, kpack_add_scaled, kpack_dequantize_reference,
+                                     kpack_from_awq, kpack_plane_dot, kpack_zeros)
 
 uses_helpers_of(__name__, "llm_kernels.w4a16.kpack", "llm_kernels.moe_gemm")
 
@@ -48,12 +48,25 @@ def kpack_fits(K: int, group_size: int) -> bool:
     return K % ROWS == 0 and group_size % 16 == 0
 
 
-def kpack_experts(w) -> KPackExperts:
-    """AWQ experts (llm_kernels.moe.AWQExperts) repacked one expert at a time (the transient
-    memory is one expert's unpacked int32 weight)."""
-    packed = [kpack_from_awq(w.qweight[e], w.qzeros[e], w.group_size) for e in range(w.qweight.shape[0])]
-    return KPackExperts(torch.stack([q for q, _ in packed]), torch.stack([z for _, z in packed]),
-                        w.scales.contiguous(), w.group_size)
+def kpack_experts(w, chunk: int = 16) -> KPackExperts:
+    """AWQ experts (llm_kernels.moe.AWQExperts) repacked, `chunk` experts at a time: side by
+    side along the outputs they are one AWQ matrix whose kpack stripes never straddle two
+    experts when N is whole stripes (a few dozen calls a model, not one per expert; the
+    transient memory is a chunk's unpacked int32 weights). Other N: one expert at a time."""
+    E, K, N8 = w.qweight.shape
+    N, G = N8 * 8, w.group_size
+    if N % STRIPE:
+        packed = [kpack_from_awq(w.qweight[e], w.qzeros[e], G) for e in range(E)]
+        return KPackExperts(torch.stack([q for q, _ in packed]), torch.stack([z for _, z in packed]),
+                            w.scales.contiguous(), G)
+    qks, zeros = [], []
+    for e0 in range(0, E, chunk):
+        q, z = w.qweight[e0 : e0 + chunk], w.qzeros[e0 : e0 + chunk]
+        c = q.shape[0]
+        qk, zc = kpack_from_awq(q.permute(1, 0, 2).reshape(K, c * N8), z.permute(1, 0, 2).reshape(K // G, c * N8), G)
+        qks.append(qk.view(c, N // STRIPE, K // 4, STRIPE))
+        zeros.append(zc.view(K // G, c, N).permute(1, 0, 2))
+    return KPackExperts(torch.cat(qks), torch.cat(zeros).contiguous(), w.scales.contiguous(), G)
 
 
 def kpack_experts_dequantize(w: KPackExperts, e: int, dtype=torch.float32) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from tests.kernels.kernel_checks import assert_close
 
 from llm_kernels import awq_dequantize, kpack_experts, kpack_fits, moe, pack_awq_int4
+from llm_kernels.w4a16.kpack import kpack_from_awq
 from llm_kernels.moe import (
     AWQExperts,
     awq_experts_dequantize,
@@ -158,6 +159,19 @@ def test_fused_moe_awq_matches_dequantized_reference(dtype, G, H, inter, T, rng,
         swapped = fused_moe_awq(x, k13, k2, tw, ti, config={"kind": "kpack", "BM": 32, "BN": 32, "swap": True})
     assert_close(kpack, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}, kpack experts")
     assert_close(swapped, ref, dtype, rng.initial_seed(), f"fused_moe_awq g{G}, kpack experts swapped")
+
+
+@pytest.mark.parametrize("N,chunk", [(192, 3), (128, 16), (96, 4)])
+def test_kpack_experts_in_chunks_are_each_expert_repacked(N, chunk, rng):
+    """Experts side by side repack as one matrix (N whole stripes: 192 in chunks of 3 of the 8,
+    the last one short; 128 all at once) and one at a time (96: no whole stripes): the same
+    tensors as kpack_from_awq of each expert."""
+    w = awq_weights(256, N, 64, torch.float32, rng)
+    k = kpack_experts(w, chunk=chunk)
+    assert k.shape == w.shape and k.scales.data_ptr() == w.scales.data_ptr()
+    for e in range(E):
+        qk, zeros = kpack_from_awq(w.qweight[e], w.qzeros[e], 64)
+        assert torch.equal(k.qk[e], qk) and torch.equal(k.zeros[e], zeros), e
 
 
 def test_awq_experts_layout_is_the_checkpoint_stacked(rng):
