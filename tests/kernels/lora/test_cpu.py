@@ -23,7 +23,7 @@ def test_cpu_path_matches_reference(T, dtype, rng):
     add_lora_reference(ref, x, a, b, slots)
     got = out.clone()
     add_lora(got, x, a, b, slots)
-    check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"add_lora cpu T={T}")
+    check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"add_lora cpu T={T}", terms=(x, a, b))
 
 
 @pytest.mark.parametrize("slices", [(60, 24, 16), (50, 50)], ids=["qkv", "gate_up"])
@@ -35,7 +35,8 @@ def test_output_slices_match_reference(T, slices, rng):
     add_lora_reference(ref, x, a, b, slots, slices)
     got = out.clone()
     add_lora(got, x, a, b, slots, output_slices=slices)
-    check_update(got, ref, out, slots, torch.bfloat16, rng.initial_seed(), f"add_lora cpu slices {slices}")
+    check_update(got, ref, out, slots, torch.bfloat16, rng.initial_seed(), f"add_lora cpu slices {slices}",
+                 terms=(x, a, b, slices))
 
 
 def test_one_slot_for_all_tokens_and_none_at_all(rng):

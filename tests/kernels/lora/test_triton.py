@@ -54,7 +54,8 @@ def test_kernels_match_reference(T, dtype, cfg, rng, poisoned):
     got = out.clone()
     with poisoned():  # y and the split workspace start as NaN: every element read was written
         add_lora_triton(got, x, a, b, slots, *cfg)
-    check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"lora kernels T={T} {cfg[0]}")
+    check_update(got, ref, out, slots, dtype, rng.initial_seed(), f"lora kernels T={T} {cfg[0]}",
+                 terms=(x, a, b))
 
 
 SLICES = [(60, 24, 16), (37, 63)]  # q, k, v and gate, up alike: off the N tiles, one narrower than a tile
@@ -73,10 +74,12 @@ def test_output_slices_each_take_their_own_ranks(T, slices, cfg, rng, poisoned):
     got = out.clone()
     with poisoned():
         add_lora_triton(got, x, a, b, slots, *cfg, output_slices=slices)
-    check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"slices {slices} T={T} {cfg[1]}")
+    check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"slices {slices} T={T} {cfg[1]}",
+                 terms=(x, a, b, slices))
     whole = out.clone()
     add_lora_triton(whole, x, a, block_diagonal(b, slices), slots, *cfg)
-    check_update(got, whole, out, slots, torch.float32, rng.initial_seed(), f"slices {slices} against one")
+    check_update(got, whole, out, slots, torch.float32, rng.initial_seed(), f"slices {slices} against one",
+                 terms=(x, a, b, slices))
 
 
 def test_public_call_runs_the_kernels_under_the_interpreter(rng, monkeypatch):
@@ -90,7 +93,8 @@ def test_public_call_runs_the_kernels_under_the_interpreter(rng, monkeypatch):
     got = out.clone()
     add_lora(got, x, a, b, slots)
     assert ran
-    check_update(got, ref, out, slots, torch.bfloat16, rng.initial_seed(), "add_lora interpreted")
+    check_update(got, ref, out, slots, torch.bfloat16, rng.initial_seed(), "add_lora interpreted",
+                 terms=(x, a, b))
 
 
 @pytest.mark.parametrize("ranks", [(12, 7, 1), (20, 3)], ids=["R12", "R20"])
@@ -102,7 +106,8 @@ def test_ranks_off_powers_of_two(ranks, rng):
     ref = reference(out, x, a, b, slots)
     got = out.clone()
     add_lora_triton(got, x, a, b, slots, *CONFIGS[0])
-    check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"ranks {ranks}")
+    check_update(got, ref, out, slots, torch.float32, rng.initial_seed(), f"ranks {ranks}",
+                 terms=(x, a, b))
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["walk", "onehot"])
@@ -119,7 +124,8 @@ def test_no_adapter_anywhere_and_out_of_range_slots(cfg, rng):
     ref = reference(out, x, a, b, torch.where(wild >= S, -1, wild))
     got = out.clone()
     add_lora_triton(got, x, a, b, wild.to(torch.int64), *cfg)
-    check_update(got, ref, out, torch.where(wild >= S, -1, wild), torch.float32, rng.initial_seed(), "wild slots")
+    check_update(got, ref, out, torch.where(wild >= S, -1, wild), torch.float32, rng.initial_seed(), "wild slots",
+                 terms=(x, a, b))
 
 
 def test_split_counters_are_left_at_zero_and_results_repeat(rng):
@@ -142,10 +148,12 @@ def test_strided_views(rng):
     xs[:, ::2] = x
     ref = reference(out, x, a, b, slots)
     add_lora_triton(wide[:, 10 : 10 + N], xs[:, ::2], a, b, slots, *CONFIGS[1])
-    check_update(wide[:, 10 : 10 + N], ref, out, slots, torch.float32, rng.initial_seed(), "strided out")
+    check_update(wide[:, 10 : 10 + N], ref, out, slots, torch.float32, rng.initial_seed(), "strided out",
+                 terms=(x, a, b))
     t_out = out.t().contiguous().t()  # columns strided: computed densely, copied back
     add_lora_triton(t_out, x, a, b, slots, *CONFIGS[1])
-    check_update(t_out, ref, out, slots, torch.float32, rng.initial_seed(), "column-major out")
+    check_update(t_out, ref, out, slots, torch.float32, rng.initial_seed(), "column-major out",
+                 terms=(x, a, b))
 
 
 def test_grid_and_keys():
