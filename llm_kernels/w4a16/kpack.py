@@ -191,6 +191,18 @@ def _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP: tl.constexpr):
 
 
 @jit_helper
+def _plus_bias(acc, b_ptr, rn, nmask, SWAP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """An output tile (float32) with the layer's bias added along its columns (rows when SWAP)."""
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        if SWAP:
+            acc = acc + bias[:, None]
+        else:
+            acc = acc + bias[None, :]
+    return acc
+
+
+@jit_helper
 def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
     """Offsets of a tile's partial in its workspace slot, and the mask of the rows below M."""
     if SWAP:
@@ -205,24 +217,23 @@ def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.conste
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
 @lazy_jit(do_not_specialize=["U", "P", "C"])
 def _kpack_kernel(
-    x_ptr, qk_ptr, z_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
+    x_ptr, qk_ptr, z_ptr, s_ptr, out_ptr, b_ptr, ws_ptr, cnt_ptr,
     M, N, stride_xm, stride_om, U, P, C,
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, S: tl.constexpr,
+    SWAP: tl.constexpr, S: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    """out[M, N] = x[M, K] @ W. Program pid runs work units [pid U / P, (pid + 1) U / P)
-    of the tile-major (tile, 128-row block) sequence in one flat loop, so the
-    copy pipeline runs on across tile boundaries. NBLK: 128-row blocks in K; MT:
-    row tiles (cdiv(M, BLOCK_M)); both compile-time, so the unit -> (tile, block)
-    split is a multiply, not a division. PPG: planes (of 16 rows) per
-    quantization group within a block (G / 16, at most 8). NBASE: the 16-bit
-    pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
-    SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand
-    (held in registers, where Hopper's wgmma takes its A) and x^T as the second
-    (read from shared memory); tiles and partials are [BLOCK_N, BLOCK_M] then. S: the stripe
-    width of qk."""
+    """out[M, N] = x[M, K] @ W, plus bias[N] when HAS_BIAS (added once, at the tile's
+    store). Program pid runs work units [pid U / P, (pid + 1) U / P) of the tile-major
+    (tile, 128-row block) sequence in one flat loop, so the copy pipeline runs on across
+    tile boundaries. NBLK: 128-row blocks in K; MT: row tiles (cdiv(M, BLOCK_M)); both
+    compile-time, so the unit -> (tile, block) split is a multiply, not a division. PPG:
+    planes (of 16 rows) per quantization group within a block (G / 16, at most 8). NBASE:
+    the 16-bit pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
+    SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand (held
+    in registers, where Hopper's wgmma takes its A) and x^T as the second (read from shared
+    memory); tiles and partials are [BLOCK_N, BLOCK_M] then. S: the stripe width of qk."""
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
@@ -280,6 +291,7 @@ def _kpack_kernel(
         if (blk == NBLK - 1) | (u == u1 - 1):  # this program's part of tile t ends here
             if (u - blk >= u0) & (blk == NBLK - 1):  # the whole tile
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, nmask, stride_om, SWAP)
+                acc = _plus_bias(acc, b_ptr, rn, nmask, SWAP, HAS_BIAS)
                 tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
             else:  # a tile shared by programs pf..pl: the partial to slot (t, pid - pf)
                 pf = ((t * NBLK + 1) * P - 1) // U
@@ -311,6 +323,7 @@ def _kpack_kernel(
                         total += tl.load(ws_ptr + (t * C + j + i).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc,
                                          mask=rows & (loc * 0 + j + i <= pl - pf), other=0.0, cache_modifier=".cg")
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, rn < N, stride_om, SWAP)
+                total = _plus_bias(total, b_ptr, rn, rn < N, SWAP, HAS_BIAS)
                 tl.store(optr, total.to(out_ptr.dtype.element_ty), mask=omask)
                 tl.atomic_xchg(cnt_ptr + t, 0)  # ready for the next launch
 
@@ -391,8 +404,9 @@ def program_count(cfg, tiles, nblk, x, N) -> int:
     return max(1, min(per_sm * sm_count(x.device), tiles * nblk))
 
 
-def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.Tensor:
-    """x [M, K] @ W with one config of llm_kernels.w4a16.configs.kpack_configs (into out when given)."""
+def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, bias=None) -> torch.Tensor:
+    """x [M, K] @ W (+ bias [N], added in the kernel) with one config of
+    llm_kernels.w4a16.configs.kpack_configs (into out when given)."""
     M, K = x.shape
     N = scales.shape[1]
     BM, BN = cfg["BM"], cfg["BN"]
@@ -411,10 +425,11 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None) -> torch.
     swap = bool(cfg.get("swap"))
     asm = [""] * 4 if exact else [dequant_asm(j, x.dtype) for j in range(4)]
     kernel = _kpack_kernel[(P,)](
-        x, qk, zeros, scales, out, ws_t, cnt_t, M, N, x.stride(0), out.stride(0), tiles * nblk, P, C,
+        x, qk, zeros, scales, out, out if bias is None else bias, ws_t, cnt_t, M, N, x.stride(0), out.stride(0),
+        tiles * nblk, P, C,
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
-        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap, S=qk.shape[2],
+        A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap, S=qk.shape[2], HAS_BIAS=bias is not None,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":

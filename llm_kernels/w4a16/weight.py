@@ -100,22 +100,25 @@ def linear(x: torch.Tensor, w: W4A16Weight, bias: torch.Tensor | None = None) ->
     elif names == ("reference",):
         y = (x2.float() @ dequantize(w, torch.float32)).to(x.dtype)
     else:
-        y = _tuned(x2, w, names)
+        return _tuned(x2, w, names, bias).view(*lead, w.out_features)
     if bias is not None:
         y = y + bias
     return y.view(*lead, w.out_features)
 
 
-def _tuned(x2: torch.Tensor, w: W4A16Weight, names: tuple[str, ...]) -> torch.Tensor:
+def _tuned(x2: torch.Tensor, w: W4A16Weight, names: tuple[str, ...], bias: torch.Tensor | None) -> torch.Tensor:
     """The Triton layouts: the candidates' configs timed once per shape (llm_kernels.dispatch.autotune),
     the dequantize-then-matmul path first (the yardstick, and the choice inside a capture
-    before the shape was tuned)."""
+    before the shape was tuned). The bias goes into the GEMM (cuBLAS's epilogue, the kpack
+    kernel's store), not a separate add over the output."""
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, K = x2.shape
     N = w.out_features
     if M == 0:
         return x2.new_empty(0, N)
+    if bias is not None and bias.dtype != x2.dtype:
+        bias = bias.to(x2.dtype)
 
     def configs():
         out = [DENSE] if "dequant_matmul" in names else []
@@ -128,10 +131,12 @@ def _tuned(x2: torch.Tensor, w: W4A16Weight, names: tuple[str, ...]) -> torch.Te
 
     def launch(cfg):
         if cfg["kind"] == "dense":
-            return x2 @ dequantize(w, x2.dtype)
+            W = dequantize(w, x2.dtype)
+            return x2 @ W if bias is None else torch.addmm(bias, x2, W)
         if w.layout == KPACK:
-            return kpack.launch(x2, w.qk, w.zeros_k, w.scales, w.group_size, cfg)
-        return ckpt.launch(x2, w.qweight, w.qzeros, w.scales, w.group_size, cfg)
+            return kpack.launch(x2, w.qk, w.zeros_k, w.scales, w.group_size, cfg, bias=bias)
+        y = ckpt.launch(x2, w.qweight, w.qzeros, w.scales, w.group_size, cfg)
+        return y if bias is None else y + bias
 
     cfg = autotune(TUNED[w.layout], shape_key(M, N, K, w.group_size, x2.dtype), configs, launch,
                    checked=(x2.dtype, w.group_size), cold_l2_device=x2.device if x2.is_cuda else None)

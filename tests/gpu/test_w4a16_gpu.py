@@ -43,6 +43,21 @@ def test_kpack_every_config_and_the_tuned_call(K, N, M, gen):
     assert picked is not DENSE or "dequant_matmul" in candidates("cuda", dtype, M, KPACK)
 
 
+@pytest.mark.parametrize("M", [1, 16, 64, 200])
+def test_kpack_bias_in_every_config_and_the_tuned_call(M, gen):
+    """Qwen2.5-7B's qkv with its bias: each kpack config adds it once at the store (the split
+    tiles' last arrival too), the dequantized path through addmm, the tuned call likewise."""
+    K, N, dtype = 3584, 4608, torch.bfloat16
+    qw, qz, s = layer(K, N, 128, dtype, gen)
+    w = prepare(qw, qz, s, 128)
+    x = x_of(M, K, dtype, gen)
+    bias = torch.randn(N, device="cuda", generator=gen).to(dtype)
+    ref = awq_gemm_reference(x, qw, qz, s, 128) + bias.float()
+    for cfg in kpack_configs(M, dtype, x.device):
+        check(kpack.launch(x, w.qk, w.zeros_k, s, 128, cfg, bias=bias), ref, dtype, f"kpack bias {cfg}")
+    check(linear(x, w, bias), ref, dtype, "linear with bias")
+
+
 @pytest.mark.parametrize("K,N", [(576, 960), (576, 3072), slow(3584, 4608)])
 @pytest.mark.parametrize("M", [1, 16, 64, slow(5), slow(200)])
 def test_checkpoint_layout_every_config_and_the_tuned_call(K, N, M, gen):

@@ -82,6 +82,47 @@ def test_stream_k_partials_reduce_in_fixed_order(rng, programs):
     assert int(workspace(x.device)[1].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("grid", ["tiles", 3, 5])
+@pytest.mark.parametrize("swap", [False, True])
+def test_bias_is_added_once_at_the_store(rng, grid, swap):
+    """The bias joins each output tile once: where one program finishes the tile, and where
+    the last of the programs sharing it sums their partials (a run of 3 or 5 programs over
+    2 tiles of 8 blocks splits both), in either orientation; out is written everywhere."""
+    K, N, G, M = 1024, 64, 128, 3
+    qw, qz, s = _weights(rng, K, N, G, torch.float16)
+    qk, z8 = awq_kpack.kpack_from_awq(qw, qz, G)
+    x = torch.randn(M, K, generator=rng)
+    bias = torch.randn(N, generator=rng)
+    ref = awq_gemm_reference(x, qw, qz, s.float(), G) + bias
+    out = torch.full((M, N), float("nan"))
+    cfg = {"kind": "fused", "BM": 16, "BN": 32, "grid": grid, "swap": swap}
+    awq_kpack.launch(x, qk, z8, s, G, cfg, out=out, bias=bias)
+    assert_close(out, ref, torch.float32, rng.initial_seed(), f"kpack bias {cfg}")
+    assert int(workspace(x.device)[1].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("M", [2, 40])
+def test_linear_adds_the_bias_in_the_gemm(rng, M, monkeypatch):
+    """linear(x, w, bias) on the tuned paths (the kpack kernel at 2 tokens, the dequantized
+    weight with cuBLAS's addmm at 40 under the interpreter) equals the reference plus the
+    bias, and what it returns is the GEMM's own output (no add over it afterwards)."""
+    from llm_kernels.w4a16 import weight
+
+    K, N, G = 256, 48, 64
+    qw, qz, s = _weights(rng, K, N, G, torch.float32)
+    p = prepare(qw, qz, s, G)
+    x = torch.randn(M, K, generator=rng)
+    bias = torch.randn(N, generator=rng)
+    ref = awq_gemm_reference(x, qw, qz, s, G) + bias
+    made = []
+    real_launch, real_addmm = awq_kpack.launch, torch.addmm
+    monkeypatch.setattr(awq_kpack, "launch", lambda *a, **kw: made.append(real_launch(*a, **kw)) or made[-1])
+    monkeypatch.setattr(torch, "addmm", lambda *a, **kw: made.append(real_addmm(*a, **kw)) or made[-1])
+    got = weight.linear(x, p, bias)
+    assert len(made) == 1 and got.data_ptr() == made[0].data_ptr()
+    assert_close(got, ref, torch.float32, rng.initial_seed(), f"linear with bias M={M}")
+
+
 @pytest.mark.parametrize("tiles,nblk,programs", [(2, 8, 3), (2, 8, 16), (296, 28, 660), (56, 148, 528), (7, 3, 20)])
 def test_stream_k_plan_counts_the_programs_sharing_a_tile(tiles, nblk, programs):
     """C sizes the workspace slots per tile: the most programs whose runs meet one tile."""
