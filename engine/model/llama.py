@@ -55,9 +55,11 @@ class Attention(nn.Module):
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm.plain(q), self.k_norm.plain(k)
-        q, k = llm_kernels.rotary_embedding(positions, q, k, cos_sin)
+        if self.q_norm is None:
+            q, k = llm_kernels.rotary_embedding(positions, q, k, cos_sin)
+        else:  # each head's norm in the rotary's launch
+            q, k = llm_kernels.rotary_embedding(positions, q, k, cos_sin, self.q_norm.weight, self.k_norm.weight,
+                                                self.q_norm.eps)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
 

@@ -67,3 +67,74 @@ def test_partial_rotary_leaves_the_other_dims(rot, rng):
     rotary_embedding(pos, q, k, cache)
     assert_close(q, q_ref, torch.float32, rng.initial_seed(), "q partial")
     assert_close(k, k_ref, torch.float32, rng.initial_seed(), "k partial")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,head_dim", [((4, 4), 64), ((8, 2), 128), ((7, 1), 128)])
+def test_head_norms_in_the_rotary_launch(dtype, heads, head_dim, rng):
+    """q_norm / k_norm weights (Qwen3, Gemma 3): each head RMS-normalised over head_dim, then
+    turned, in place on qkv's views; the same as the reference (norm, then rotary) and as the
+    two launches it replaces (llm_kernels.rms_norm, then the rotary), v untouched."""
+    from llm_kernels.norm import rms_norm
+
+    hq, hk = heads
+    T, eps = 9, 1e-6
+    qkv = (torch.randn(T, (hq + 2 * hk) * head_dim, generator=rng) * 3).to(dtype)
+    q = qkv[:, : hq * head_dim].view(T, hq, head_dim)
+    k = qkv[:, hq * head_dim : (hq + hk) * head_dim].view(T, hk, head_dim)
+    v_before = qkv[:, (hq + hk) * head_dim :].clone()
+    qw, kw = ((torch.rand(head_dim, generator=rng) + 0.5).to(dtype) for _ in range(2))
+    cache = _cache(64, head_dim)
+    pos = torch.randint(0, 64, (T,), generator=rng)
+    q_ref, k_ref = q.clone(), k.clone()
+    rotary_embedding_reference(pos, q_ref, k_ref, cache, qw, kw, eps)
+    q_two, k_two = rotary_embedding(pos, rms_norm(q, qw, eps), rms_norm(k, kw, eps), cache)
+    rotary_embedding(pos, q, k, cache, qw, kw, eps)
+    for got, ref, two, what in ((q, q_ref, q_two, "q"), (k, k_ref, k_two, "k")):
+        assert_close(got, ref, dtype, rng.initial_seed(), f"{what} against the reference")
+        # a sum in another order may move a rounding by one unit: at most a few of the head's largest
+        units = (got.float() - two.float()).abs() / (torch.finfo(dtype).eps * two.float().abs().amax(-1, True))
+        assert units.max() <= 4, f"{what}: {units.max():.1f} units off the two launches"
+    assert torch.equal(qkv[:, (hq + hk) * head_dim :], v_before), "v part of qkv was touched"
+
+
+def test_head_norms_with_a_partial_rotary_normalise_first(rng):
+    """rot < head_dim: the whole head is normalised (its own launch), then the first rot dims turn."""
+    T, D, rot = 5, 128, 64
+    q, k = torch.randn(T, 4, D, generator=rng), torch.randn(T, 2, D, generator=rng)
+    qw, kw = torch.rand(D, generator=rng) + 0.5, torch.rand(D, generator=rng) + 0.5
+    cache = _cache(32, rot)
+    pos = torch.randint(0, 32, (T,), generator=rng)
+    q_ref, k_ref = q.clone(), k.clone()
+    rotary_embedding_reference(pos, q_ref, k_ref, cache, qw, kw)
+    rotary_embedding(pos, q, k, cache, qw, kw)
+    assert_close(q, q_ref, torch.float32, rng.initial_seed(), "q partial, normed")
+    assert_close(k, k_ref, torch.float32, rng.initial_seed(), "k partial, normed")
+
+
+def test_one_head_norm_weight_without_the_other_is_refused(rng):
+    q, k = torch.randn(2, 4, 64, generator=rng), torch.randn(2, 2, 64, generator=rng)
+    with pytest.raises(ValueError, match="q_weight and k_weight"):
+        rotary_embedding(torch.zeros(2, dtype=torch.long), q, k, _cache(8, 64), q_weight=torch.ones(64))
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_the_kernel_compiles_for_hopper(norm):
+    """The rotary kernel, with the head norms and without, compiles for sm_90 here (no GPU:
+    Triton's compiler and its ptxas), at Qwen3's 32 + 4 heads of 128 dims."""
+    from tests.kernels.fresh_process import run_fresh
+
+    run_fresh(__name__, "check_compile", norm)
+
+
+def check_compile(norm: bool) -> None:
+    pytest.importorskip("triton")
+    from llm_kernels import rotary
+    from tests.kernels.test_moe_compiles import compile_for
+
+    fn = rotary._rotary_kernel.built(False)
+    sig = {n: "i32" for n in fn.arg_names}
+    sig.update({"pos_ptr": "*i64", "q_ptr": "*bf16", "k_ptr": "*bf16", "cache_ptr": "*fp32", "qw_ptr": "*bf16",
+                "kw_ptr": "*bf16", "eps": "fp32"})
+    k = compile_for(fn, sig, dict(BLOCK_HQ=32, BLOCK_HK=4, BLOCK_HALF=64, NORM=norm), 90, {"num_warps": 4})
+    assert "st.global" in k.asm["ptx"]
