@@ -158,6 +158,12 @@ def test_norm_rotary_silu_kv_write_real_shapes(dtype, gen):
     rotary.rotary_embedding(pos, q, k, cache)
     check(q, qr, dtype, "rope q")
     check(k, kr, dtype, "rope k")
+    qw, kw = _rand((D,), dtype, gen), _rand((D,), dtype, gen)  # Qwen3's head norms, in the rotary's launch
+    qr, kr = q.float().clone(), k.float().clone()
+    rotary.rotary_embedding_reference(pos, qr, kr, cache, qw.float(), kw.float(), 1e-6)
+    rotary.rotary_embedding(pos, q, k, cache, qw, kw, 1e-6)
+    check(q, qr, dtype, "normed rope q")
+    check(k, kr, dtype, "normed rope k")
 
     kc = torch.full((40, 16, HKV, D), float("nan"), dtype=dtype, device="cuda")
     vc, kc_ref, vc_ref = kc.clone(), kc.clone(), kc.clone()
