@@ -97,7 +97,12 @@ def kpack_configs(M: int, dtype, device) -> list:
                 kpack_config(16, 256, swap=True)]
     if M <= 64:
         # swapped: BM rows of x are the wgmma's N, BN weight columns its M (64 per warpgroup);
-        # at 168 registers 3 programs fit an SM without spills
+        # at 168 registers 3 programs fit an SM. 64 x 128 on one warpgroup spills (255
+        # registers and 440 bytes of stack at sm_90); on two, or as 64 x 64, it does not
         return [kpack_config(32, 128, swap=True, maxnreg=168), kpack_config(32, 128, swap=True),
-                kpack_config(64, 128, swap=True)]
-    return [kpack_config(128, 128, warps=8, swap=True)]  # 8 warps: two warpgroups share the x tile
+                kpack_config(64, 128, swap=True), kpack_config(64, 64, swap=True),
+                kpack_config(64, 128, warps=8, swap=True)]
+    # 8 warps: two warpgroups share the x tile. 128 x 128 spills (255 registers, about 400
+    # bytes of stack at sm_90); the smaller tiles do not (99 to 210 registers)
+    return [kpack_config(128, 128, warps=8, swap=True), kpack_config(64, 64, warps=8, stages=4, swap=True),
+            kpack_config(64, 128, warps=8, swap=True), kpack_config(128, 64, warps=8, swap=True)]

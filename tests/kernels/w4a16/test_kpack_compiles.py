@@ -4,8 +4,13 @@ candidate at decode and prefill token counts, on Qwen2.5-7B's qkv (K 3,584) with
 without. The half-words reach the tensor cores (wgmma on Hopper when swapped on whole
 warpgroups) through the LOP3 dequant, pipelined by cp.async; the bias (added once, at a tile's
 store) adds no copy, no tensor-core instruction and no shared memory, and the kernel stays
-within Hopper's shared memory. Each check runs in
-a fresh process (tests/kernels/fresh_process.py)."""
+within Hopper's shared memory. At every token count some candidate runs without spilling
+registers to local memory on Hopper (the cubin's resource usage, read by the cuobjdump that
+ships with Triton). Each check runs in a fresh process (tests/kernels/fresh_process.py)."""
+import os
+import subprocess
+import tempfile
+
 import pytest
 import torch
 
@@ -25,6 +30,18 @@ def _hot(k, mma: str) -> tuple:
     return ptx.count("cp.async.cg.shared.global"), ptx.count(mma), k.metadata.shared
 
 
+def spill_bytes(k) -> int:
+    """The stack bytes a compiled kernel's threads use (0: no register spills)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(usage.split("STACK:")[1].split()[0])
+
+
 def check_compile(arch: int, M: int) -> None:
     pytest.importorskip("triton")
     from llm_kernels.w4a16 import configs, kpack
@@ -37,6 +54,7 @@ def check_compile(arch: int, M: int) -> None:
                 "b_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"})
     aligned = ("x_ptr", "qk_ptr", "z_ptr", "s_ptr", "out_ptr", "b_ptr", "N", "stride_xm", "stride_om")
     asm = [kpack.dequant_asm(j, torch.bfloat16) for j in range(4)]
+    spills = {}
     for cfg in configs.kpack_configs(M, torch.bfloat16, torch.device("cuda")):
         hot = {}
         for bias in (False, True):
@@ -50,4 +68,8 @@ def check_compile(arch: int, M: int) -> None:
             assert mma in ptx and "cp.async" in ptx and "lop3.b32" in ptx, (arch, M, cfg, bias)
             assert k.metadata.shared <= 227 * 1024, (arch, M, cfg, k.metadata.shared)
             hot[bias] = _hot(k, mma)
+            if not bias:
+                spills[str(cfg)] = spill_bytes(k)
         assert hot[True] == hot[False], f"the bias changed the K loop ({arch}, M={M}, {cfg}): {hot}"
+    if arch == 90:
+        assert min(spills.values()) == 0, f"every candidate at M={M} spills registers: {spills}"
