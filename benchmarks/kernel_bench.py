@@ -159,6 +159,17 @@ def k1_rows_for(M, K, N, wbytes, prepared, dense, ref_w, peer_sets, bw, peak):
     return r
 
 
+def k1_bias_row(M, K, N, wbytes, prepared, bw, peak):
+    """K1-bias: the layer with its bias added in the GEMM (the kpack kernel's store, addmm on the
+    dequantized path) against the GEMM then a separate add, in the same run."""
+    x, bias = rand((M, K)), rand((N,))
+    llm_kernels.w4a16_linear(x, prepared[0], bias)  # tunes this shape before timing
+    ours = bench_rot([lambda p=p: llm_kernels.w4a16_linear(x, p, bias) for p in prepared])
+    then_add = bench_rot([lambda p=p: llm_kernels.w4a16_linear(x, p) + bias for p in prepared])
+    floor = max((wbytes + 2 * M * (K + N) + 2 * N) / bw, 2 * M * K * N / peak)
+    return row("K1-bias", f"{K}x{N} M={M} bias", ours, floor, then_add, None, 1.0)
+
+
 def k1(bw, peak, ms, shapes=None, int4_peers_too=True, save=None):
     gemlite, why = int4_peers.load_gemlite() if int4_peers_too else (None, "skipped")
     if gemlite is None:
@@ -177,6 +188,8 @@ def k1(bw, peak, ms, shapes=None, int4_peers_too=True, save=None):
             del q, qz
         dense = [rand((K, N)) for _ in range(nsets(2 * K * N))]  # cuBLAS's time does not depend on the values
         shape_rows = [k1_rows_for(M, K, N, wbytes, prepared, dense, ref_w, peer_sets, bw, peak) for M in ms]
+        if (K, N) == K1_SHAPES[0]:  # Qwen2's q, k, v have a bias
+            shape_rows += [k1_bias_row(M, K, N, wbytes, prepared, bw, peak) for M in ms if M <= 256]
         rows += shape_rows
         del prepared, dense, ref_w, peer_sets
         torch.cuda.empty_cache()
