@@ -63,6 +63,9 @@ def shrink_configs(T: int, dtype, device) -> list[dict]:
                         {"BM": 16, "BK": 128, "waves": 2, "warps": 4, "stages": 3},
                         {"BM": 16, "BK": 128, "split": 4, "warps": 4, "stages": 3},
                         {"BM": 16, "BK": 256, "split": 4, "warps": 4, "stages": 3},
+                        # the 128-deep split on 8 warps: on 4, a merged q/k/v's 64 rank columns
+                        # spill registers at sm_90 (255 and 144 bytes of stack), on 8 they do not
+                        {"BM": 16, "BK": 128, "split": 4, "warps": 8, "stages": 3},
                         {"BM": bm, "BK": 64, "waves": 2, "warps": 4, "stages": 3},
                         {"BM": bm, "BK": 128, "waves": 1, "warps": 4, "stages": 3},
                         {"BM": bm, "BK": 128, "waves": 2, "slots": 1, "warps": 4, "stages": 3},
@@ -97,7 +100,10 @@ def expand_configs(T: int, dtype, device) -> list[dict]:
                         # the one-dot kernel: on an H100 at 64 tokens over 8 adapters these two won
                         # every projection (gate_up the first, the others the second)
                         {"kind": ONEHOT, "BM": bm, "BN": 64, "cols": 128, "warps": 4, "stages": 2},
-                        {"kind": ONEHOT, "BM": bm, "BN": 32, "cols": 512, "warps": 8, "stages": 1}])
+                        {"kind": ONEHOT, "BM": bm, "BN": 32, "cols": 512, "warps": 8, "stages": 1},
+                        # the first of those on 8 warps: on 4 it spills at 64 tokens on sm_90 (255
+                        # registers, 72 bytes of stack), on 8 it does not (179)
+                        {"kind": ONEHOT, "BM": bm, "BN": 64, "cols": 128, "warps": 8, "stages": 2}])
     return [{"BM": 64, "BN": 128, "slots": 1, "warps": 4, "stages": 2},
             {"BM": 128, "BN": 128, "slots": 1, "warps": 8, "stages": 2},
             {"BM": 64, "BN": 256, "slots": 2, "warps": 8, "stages": 2}]

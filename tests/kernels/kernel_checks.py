@@ -1,4 +1,9 @@
-"""Shared checks for the kernel tests: relative error against the reference."""
+"""Shared checks for the kernel tests: relative error against the reference; the register
+spills of a kernel compiled for a GPU this machine does not have."""
+import os
+import subprocess
+import tempfile
+
 import torch
 
 # float32 kernels land far under 1e-4; half types round at ~1e-3
@@ -15,3 +20,15 @@ def assert_close(out, ref, dtype, seed, what=""):
     assert not torch.isnan(out).any(), f"{what}: NaN in output (unwritten element?) seed={seed}"
     err = rel_err(out, ref)
     assert err < TOL[dtype], f"{what}: rel err {err:.3g} >= {TOL[dtype]} (seed={seed})"
+
+
+def spill_bytes(k) -> int:
+    """The stack bytes a compiled kernel's threads use (0: no register spills)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(usage.split("STACK:")[1].split()[0])

@@ -2,15 +2,24 @@
 and its CUDA backend (ptxas ships with triton) need no GPU, so a type error in a loop-carried
 value, a dot the MMA cannot take or a shared-memory overrun of a candidate config shows here
 and not first on the GPU machine. Skipped where this triton lacks the API or the backend. Each
-check runs in a fresh process (tests/kernels/fresh_process.py)."""
+check runs in a fresh process (tests/kernels/fresh_process.py). The pointers, sizes and strides a
+launch passes as multiples of 16 are compiled so (as Triton specialises them), and at decode
+token counts each kernel has a candidate that spills no register (for the shrink, at a merged
+q/k/v's 64 rank columns and at 16)."""
 import pytest
 import torch
 
 from llm_kernels.lora import kernels, onehot
 from llm_kernels.lora.configs import ONEHOT, expand_configs, shrink_configs
 from tests.kernels.fresh_process import run_fresh
+from tests.kernels.kernel_checks import spill_bytes
 
 H100_SHARED = 227 * 1024
+
+
+# what a launch passes as multiples of 16 (Triton's specialisation): pointers, K and N, the strides
+ALIGNED = ("x_ptr", "a_ptr", "y_ptr", "ws_ptr", "b_ptr", "out_ptr", "K", "N", "stride_xt", "stride_as", "stride_ar",
+           "stride_yt", "stride_bs", "stride_bn", "stride_ot")
 
 
 def compiled(lazy, signature: dict, constexprs: dict, cfg: dict):
@@ -25,8 +34,11 @@ def compiled(lazy, signature: dict, constexprs: dict, cfg: dict):
     lazy[(1,)]  # builds the JIT function and its helpers in compiled mode, launches nothing
     fn = lazy._built[False]
     sig = {**signature, **{k: "constexpr" for k in constexprs}}
+    names = fn.arg_names
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in ALIGNED if k in signature}
+    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
     try:
-        return triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": cfg.get("warps", 4), "num_stages": cfg.get("stages", 3)})
     except (RuntimeError, FileNotFoundError) as exc:
         if "ptxas" in str(exc) or "backend" in str(exc).lower():
@@ -57,6 +69,7 @@ def check_candidates(dtype_name: str, T: int) -> None:
     dtype = getattr(torch, dtype_name)
     dt, fp32 = ("bf16", False) if dtype == torch.bfloat16 else ("fp32", True)
     cuda = torch.device("cuda")  # only read for its type: nothing touches CUDA
+    spills = {}  # (kernel, rank columns) -> each candidate's stack bytes
     for i, cfg in enumerate(shrink_configs(T, dtype, cuda)):
         if cfg.get("kind") == ONEHOT:  # 8 slots of rank 16, and of a merged q/k/v's 3 x 16 (64 columns)
             for br in (16, 64):
@@ -64,21 +77,28 @@ def check_candidates(dtype_name: str, T: int) -> None:
                              {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": br,
                               "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "SPLIT_P2": 8, "FP32": fp32}, cfg)
                 assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
+                spills.setdefault(("shrink", br), []).append(spill_bytes(k))
             continue
-        for split in (8, 1)[: 2 if i == 0 else 1]:
+        for split, br in ((8, 16), (8, 64), (1, 16))[: 3 if i == 0 else 2]:
             k = compiled(kernels._shrink_kernel, shrink_signature(dt),
-                         {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": 16, "SPLIT_P2": split, "FP32": fp32},
+                         {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": br, "SPLIT_P2": split, "FP32": fp32},
                          cfg)
             assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
+            if split > 1:
+                spills.setdefault(("shrink", br), []).append(spill_bytes(k))
     for cfg in expand_configs(T, dtype, cuda):
-        for br in (16, 64) if cfg.get("kind") == ONEHOT else (16,):
+        for br in (16, 64):  # rank 16, and 64 (a larger max_lora_rank)
             if cfg.get("kind") == ONEHOT:
                 k = compiled(onehot._expand_onehot_kernel, expand_signature(dt),
                              {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": br,
                               "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "FP32": fp32}, cfg)
             else:
                 k = compiled(kernels._expand_kernel, expand_signature(dt),
-                             {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": 16, "FP32": fp32}, cfg)
+                             {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": br, "FP32": fp32}, cfg)
             assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
+            spills.setdefault(("expand", br), []).append(spill_bytes(k))
             if not fp32:
                 assert "mma" in k.asm["ptx"]  # the expand's dot on tensor cores
+    if T <= 256 and not fp32:  # decode in a half dtype (float32 is the correctness path)
+        for what, stacks in spills.items():
+            assert min(stacks) == 0, f"every {what} candidate at T={T} spills registers: {stacks}"

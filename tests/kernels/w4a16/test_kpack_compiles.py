@@ -7,14 +7,11 @@ store) adds no copy, no tensor-core instruction and no shared memory, and the ke
 within Hopper's shared memory. At every token count some candidate runs without spilling
 registers to local memory on Hopper (the cubin's resource usage, read by the cuobjdump that
 ships with Triton). Each check runs in a fresh process (tests/kernels/fresh_process.py)."""
-import os
-import subprocess
-import tempfile
-
 import pytest
 import torch
 
 from tests.kernels.fresh_process import run_fresh
+from tests.kernels.kernel_checks import spill_bytes
 from tests.kernels.test_moe_compiles import compile_for
 
 
@@ -28,18 +25,6 @@ def _hot(k, mma: str) -> tuple:
     """What the K loop is made of: copies issued, tensor-core instructions, shared memory."""
     ptx = k.asm["ptx"]
     return ptx.count("cp.async.cg.shared.global"), ptx.count(mma), k.metadata.shared
-
-
-def spill_bytes(k) -> int:
-    """The stack bytes a compiled kernel's threads use (0: no register spills)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(usage.split("STACK:")[1].split()[0])
 
 
 def check_compile(arch: int, M: int) -> None:
