@@ -1,21 +1,20 @@
 """Fused mixture-of-experts: out[t] = sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t))
 with e = topk_ids[t, k] (the experts of Qwen3-MoE / transformers' `*Experts` modules).
 
-Weights: dense w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and w2 [E, H, I];
-or AWQExperts, the AutoAWQ GEMM layout of each expert stacked along a new first
-dim (see AWQExperts), or those experts repacked once at load into the dense 4-bit
-path's K-packed layout (llm_kernels.moe_gemm_kpack.KPackExperts, what a GPU runs). The reference loops over the experts that have tokens
-(the CPU path and the oracle). The Triton path (CUDA; CPU under the
-interpreter) sorts the (token, slot) pairs by expert and pads each expert's
-run to the GEMM's BLOCK_M on the device (moe_align: static sizes, no host
-synchronisation, so it can be captured in a CUDA graph), then
-runs two grouped GEMMs, one launch each: w13 with the gather of token rows and
-silu(gate) * up fused in, then w2 with the routing weight multiplied in, one row
-per (token, slot); the slots are summed last. The GEMMs are llm_kernels.moe_gemm's
+Weights: dense w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and w2 [E, H, I]; or
+AWQExperts, the AutoAWQ GEMM layout of each expert stacked along a new first dim (see
+AWQExperts); or those experts repacked once at load into the dense 4-bit path's K-packed
+layout (llm_kernels.moe_gemm_kpack.KPackExperts, what a GPU runs). The reference loops over
+the experts that have tokens (the CPU path and the oracle). The Triton path (CUDA; CPU under
+the interpreter) sorts the (token, slot) pairs by expert and pads each expert's run to the
+GEMM's BLOCK_M on the device (moe_align: static sizes, no host synchronisation, so it can be
+captured in a CUDA graph), then runs two grouped GEMMs, one launch each: w13 with the gather
+of token rows and silu(gate) * up fused in, then w2 with the routing weight multiplied in,
+one row per (token, slot); the slots are summed last. The GEMMs are llm_kernels.moe_gemm's
 (dense, and AWQ as the checkpoint packs it) and llm_kernels.moe_gemm_kpack's (kpack
-experts). Up to ALIGN_PAIRS pairs on a GPU the sort/pad is one
-Triton program (`_align_kernel`) instead of a dozen torch kernels: in an E4 profile
-on an H100 those took about 3 ms of a 26 ms step at 50 sequences.
+experts). Up to ALIGN_PAIRS pairs on a GPU the sort/pad is one Triton program
+(`_align_kernel`) instead of a dozen torch kernels: in an E4 profile on an H100 those took
+about 3 ms of a 26 ms step at 50 sequences.
 """
 from __future__ import annotations
 
