@@ -386,21 +386,23 @@ def _resident(kernel, warps: int, device) -> int:
                            getattr(props, "shared_memory_per_multiprocessor", 233472))
 
 
-def resident_key(cfg, x, N, nblk) -> tuple:
+def resident_key(cfg, x, N, nblk, operands=()) -> tuple:
     """What selects one compiled kernel: the config, the dtype, the device, the constexprs
-    (K's block count, the row-tile count) and Triton's specialisations of M and N."""
+    (K's block count, the row-tile count, which optional operands it adds: a bias takes
+    registers) and Triton's specialisations of M and N."""
     M = x.shape[0]
-    return (config_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0)
+    return (config_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0,
+            tuple(operands))
 
 
-def program_count(cfg, tiles, nblk, x, N) -> int:
+def program_count(cfg, tiles, nblk, x, N, operands=()) -> int:
     """The programs of a launch: its grid, "tiles", or (auto) those resident per SM times the SMs."""
     grid = cfg.get("grid", "auto")
     if grid == "tiles":
         return tiles
     if isinstance(grid, int):
         return max(1, min(grid, tiles * nblk))
-    per_sm = _RESIDENT.get(resident_key(cfg, x, N, nblk), 2)  # before the first compile: 2 per SM
+    per_sm = _RESIDENT.get(resident_key(cfg, x, N, nblk, operands), 2)  # before the first compile: 2 per SM
     return max(1, min(per_sm * sm_count(x.device), tiles * nblk))
 
 
@@ -412,7 +414,8 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, bias=None
     BM, BN = cfg["BM"], cfg["BN"]
     nblk = K // ROWS
     tiles = -(-M // BM) * -(-N // BN)
-    P = program_count(cfg, tiles, nblk, x, N)
+    operands = (bias is not None,)
+    P = program_count(cfg, tiles, nblk, x, N, operands)
     C = split_plan(tiles, nblk, P) if P != tiles else 1
     ws = workspace(x.device)
     if P != tiles and (ws is None or tiles > WS_TILES or tiles * C * BM * BN > WS_FLOATS):
@@ -433,7 +436,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, bias=None
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     if x.is_cuda and cfg.get("grid", "auto") == "auto":
-        key = resident_key(cfg, x, N, nblk)
+        key = resident_key(cfg, x, N, nblk, operands)
         if key not in _RESIDENT and hasattr(kernel, "n_regs"):
             _RESIDENT[key] = _resident(kernel, cfg.get("warps", 4), x.device)
     return out

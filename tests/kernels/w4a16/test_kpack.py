@@ -161,8 +161,12 @@ def test_programs_per_sm_counts_registers_per_scheduler_quarter():
 
 def test_residency_is_kept_per_compiled_kernel():
     """M == 1 and M % 16 == 0 compile other kernels (Triton specialises them), and the
-    row-tile and block counts are compile-time: each gets its own residency."""
+    row-tile and block counts are compile-time, and a bias is another kernel (more registers):
+    each gets its own residency."""
     cfg = kpack_config(16, 64)
-    key = lambda m, n=64, nblk=28: awq_kpack.resident_key(cfg, torch.empty(m, 8), n, nblk)  # noqa: E731
-    assert len({key(1), key(16), key(2), key(17), key(2, nblk=148), key(2, n=72)}) == 6
+
+    def key(m, n=64, nblk=28, ops=(False,)):
+        return awq_kpack.resident_key(cfg, torch.empty(m, 8), n, nblk, ops)
+
+    assert len({key(1), key(16), key(2), key(17), key(2, nblk=148), key(2, n=72), key(2, ops=(True,))}) == 7
     assert key(2) == key(8)
