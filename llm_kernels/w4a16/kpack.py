@@ -38,7 +38,8 @@ finished by one program is stored; a tile split between programs has its
 float32 partials written to a workspace, and after its loop each program
 counts in on its shared tiles (an atomic counter per tile): the last to
 arrive sums the partials in program order (deterministic) and stores. Large
-M dequantizes to bf16 and calls torch.matmul.
+M dequantizes to bf16 and calls torch.matmul. The grid's sizing is
+llm_kernels.w4a16.kpack_grid.
 """
 from functools import lru_cache
 from typing import Optional
@@ -46,8 +47,9 @@ from typing import Optional
 import torch
 import triton.language as tl
 
-from llm_kernels.dispatch import config_key, jit_helper, lazy_jit, sm_count
+from llm_kernels.dispatch import jit_helper, lazy_jit
 from llm_kernels.w4a16.awq_format import unpack_awq_int4
+from llm_kernels.w4a16.kpack_grid import program_count, remember, split_plan
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 ROWS = 128  # rows of K per packed block: 8 planes of 16
@@ -352,60 +354,6 @@ def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.const
 # ----------------------------------------------------------------------------
 # launcher
 
-_PLANS: dict = {}
-_RESIDENT: dict = {}  # resident_key -> programs resident per SM, from the compiled kernel
-
-
-def split_plan(tiles: int, nblk: int, P: int) -> int:
-    """C: the most programs that share one tile when U = tiles * nblk units are cut into P runs."""
-    key = (tiles, nblk, P)
-    c = _PLANS.get(key)
-    if c is None:
-        U = tiles * nblk
-        t = torch.arange(tiles, dtype=torch.int64)
-        first = ((t * nblk + 1) * P - 1) // U
-        last = ((t + 1) * nblk * P - 1) // U
-        c = _PLANS[key] = int((last - first + 1).max())
-    return c
-
-
-def programs_per_sm(n_regs: int, shared: int, warps: int, regs_sm: int = 65536, smem_sm: int = 233472) -> int:
-    """Programs of a compiled kernel that fit on one SM at once. Registers go to warps in
-    units of 256, and each warp lives in one of the SM's four scheduler quarters, which
-    split the register file: a program of 2 warps at 200 registers fits 4 times, not 5."""
-    per_warp = -(-n_regs * 32 // 256) * 256
-    by_regs = 4 * ((regs_sm // 4) // max(per_warp, 1)) // warps
-    by_smem = smem_sm // (shared + 1024)  # 1 KB the driver reserves per block
-    return max(1, min(by_regs, by_smem, 32, 64 // warps))
-
-
-def _resident(kernel, warps: int, device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return programs_per_sm(kernel.n_regs, kernel.metadata.shared, warps,
-                           getattr(props, "regs_per_multiprocessor", 65536),
-                           getattr(props, "shared_memory_per_multiprocessor", 233472))
-
-
-def resident_key(cfg, x, N, nblk, operands=()) -> tuple:
-    """What selects one compiled kernel: the config, the dtype, the device, the constexprs
-    (K's block count, the row-tile count, which optional operands it adds: a bias takes
-    registers) and Triton's specialisations of M and N."""
-    M = x.shape[0]
-    return (config_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0,
-            tuple(operands))
-
-
-def program_count(cfg, tiles, nblk, x, N, operands=()) -> int:
-    """The programs of a launch: its grid, "tiles", or (auto) those resident per SM times the SMs."""
-    grid = cfg.get("grid", "auto")
-    if grid == "tiles":
-        return tiles
-    if isinstance(grid, int):
-        return max(1, min(grid, tiles * nblk))
-    per_sm = _RESIDENT.get(resident_key(cfg, x, N, nblk, operands), 2)  # before the first compile: 2 per SM
-    return max(1, min(per_sm * sm_count(x.device), tiles * nblk))
-
-
 def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, bias=None) -> torch.Tensor:
     """x [M, K] @ W (+ bias [N], added in the kernel) with one config of
     llm_kernels.w4a16.configs.kpack_configs (into out when given)."""
@@ -435,10 +383,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, bias=None
         A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap, S=qk.shape[2], HAS_BIAS=bias is not None,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
-    if x.is_cuda and cfg.get("grid", "auto") == "auto":
-        key = resident_key(cfg, x, N, nblk, operands)
-        if key not in _RESIDENT and hasattr(kernel, "n_regs"):
-            _RESIDENT[key] = _resident(kernel, cfg.get("warps", 4), x.device)
+    remember(kernel, cfg, x, N, nblk, operands)
     return out
 
 

@@ -8,6 +8,7 @@ from tests.kernels.kernel_checks import assert_close
 
 from llm_kernels.w4a16 import awq_dequantize, awq_gemm_reference, linear, pack_awq_int4, prepare
 from llm_kernels.w4a16 import kpack as awq_kpack
+from llm_kernels.w4a16 import kpack_grid
 from llm_kernels.w4a16.configs import kpack_config, kpack_configs
 from llm_kernels.w4a16.select import KPACK
 from llm_kernels.w4a16.workspace import workspace
@@ -129,7 +130,7 @@ def test_stream_k_plan_counts_the_programs_sharing_a_tile(tiles, nblk, programs)
     U = tiles * nblk
     runs = [(p * U // programs, (p + 1) * U // programs) for p in range(programs)]
     most = max(sum(1 for a, b in runs if a < (t + 1) * nblk and b > t * nblk and b > a) for t in range(tiles))
-    assert awq_kpack.split_plan(tiles, nblk, programs) == most
+    assert kpack_grid.split_plan(tiles, nblk, programs) == most
 
 
 def test_prepared_linear_uses_kpack(rng):
@@ -152,11 +153,11 @@ def test_bad_shapes_are_named():
 def test_programs_per_sm_counts_registers_per_scheduler_quarter():
     """The stream-K grid is sized to the programs resident per SM: registers are
     allocated per warp in units of 256 within one quarter of the register file."""
-    assert awq_kpack.programs_per_sm(95, 20000, 4) == 5  # 3072 per warp: 5 warps a quarter
-    assert awq_kpack.programs_per_sm(200, 30000, 2) == 4  # 6400 per warp: 2 a quarter, not 10 / 2 = 5
-    assert awq_kpack.programs_per_sm(64, 20000, 4) == 8
-    assert awq_kpack.programs_per_sm(64, 100 * 1024, 4) == 2  # shared memory bound
-    assert awq_kpack.programs_per_sm(16, 0, 1) == 32  # the per-SM block limit
+    assert kpack_grid.programs_per_sm(95, 20000, 4) == 5  # 3072 per warp: 5 warps a quarter
+    assert kpack_grid.programs_per_sm(200, 30000, 2) == 4  # 6400 per warp: 2 a quarter, not 10 / 2 = 5
+    assert kpack_grid.programs_per_sm(64, 20000, 4) == 8
+    assert kpack_grid.programs_per_sm(64, 100 * 1024, 4) == 2  # shared memory bound
+    assert kpack_grid.programs_per_sm(16, 0, 1) == 32  # the per-SM block limit
 
 
 def test_residency_is_kept_per_compiled_kernel():
@@ -166,7 +167,7 @@ def test_residency_is_kept_per_compiled_kernel():
     cfg = kpack_config(16, 64)
 
     def key(m, n=64, nblk=28, ops=(False,)):
-        return awq_kpack.resident_key(cfg, torch.empty(m, 8), n, nblk, ops)
+        return kpack_grid.resident_key(cfg, torch.empty(m, 8), n, nblk, ops)
 
     assert len({key(1), key(16), key(2), key(17), key(2, nblk=148), key(2, n=72), key(2, ops=(True,))}) == 7
     assert key(2) == key(8)
