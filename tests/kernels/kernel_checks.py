@@ -1,5 +1,5 @@
-"""Shared checks for the kernel tests: relative error against the reference; the register
-spills of a kernel compiled for a GPU this machine does not have."""
+"""Shared checks for the kernel tests: relative error against the reference; a kernel compiled
+for a GPU this machine does not have, and its register spills."""
 import os
 import subprocess
 import tempfile
@@ -32,3 +32,16 @@ def spill_bytes(k) -> int:
         f.flush()
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     return int(usage.split("STACK:")[1].split()[0])
+
+
+def compile_for(fn, sig: dict, const: dict, arch: int, options: dict, aligned=()):
+    """fn compiled for sm_<arch>: sig's types, const's compile-time values, aligned's 16-divisible."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
+                    constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

@@ -11,25 +11,13 @@ import pytest
 import torch
 
 from tests.kernels.fresh_process import run_fresh
+from tests.kernels.kernel_checks import compile_for
 
 
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("gated", [True, False])
 def test_the_kpack_kernel_compiles_without_a_shared_memory_round_trip(arch, gated):
     run_fresh(__name__, "check_compile", arch, gated)
-
-
-def compile_for(fn, sig: dict, const: dict, arch: int, options: dict, aligned=()):
-    """fn compiled for sm_<arch>: sig's types, const's compile-time values, aligned's 16-divisible."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = fn.arg_names
-    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
-                    constexprs={(names.index(k),): v for k, v in const.items()},
-                    attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def check_compile(arch: int, gated: bool) -> None:

@@ -130,7 +130,7 @@ def test_the_kernel_compiles_for_hopper(norm):
 def check_compile(norm: bool) -> None:
     pytest.importorskip("triton")
     from llm_kernels import rotary
-    from tests.kernels.test_moe_compiles import compile_for
+    from tests.kernels.kernel_checks import compile_for
 
     fn = rotary._rotary_kernel.built(False)
     sig = {n: "i32" for n in fn.arg_names}

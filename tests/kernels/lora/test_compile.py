@@ -12,7 +12,7 @@ import torch
 from llm_kernels.lora import kernels, onehot
 from llm_kernels.lora.configs import ONEHOT, expand_configs, shrink_configs
 from tests.kernels.fresh_process import run_fresh
-from tests.kernels.kernel_checks import spill_bytes
+from tests.kernels.kernel_checks import compile_for, spill_bytes
 
 H100_SHARED = 227 * 1024
 
@@ -25,21 +25,17 @@ ALIGNED = ("x_ptr", "a_ptr", "y_ptr", "ws_ptr", "b_ptr", "out_ptr", "K", "N", "s
 def compiled(lazy, signature: dict, constexprs: dict, cfg: dict):
     """The kernel compiled for sm_90 with cfg's warps and stages (its helpers built in compiled mode:
     the process runs with TRITON_INTERPRET=0)."""
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
     try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"this triton has no ahead-of-time compile API: {exc}")
     lazy[(1,)]  # builds the JIT function and its helpers in compiled mode, launches nothing
-    fn = lazy._built[False]
-    sig = {**signature, **{k: "constexpr" for k in constexprs}}
-    names = fn.arg_names
-    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in ALIGNED if k in signature}
-    src = ASTSource(fn, sig, {(names.index(k),): v for k, v in constexprs.items()}, attrs)
     try:
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": cfg.get("warps", 4), "num_stages": cfg.get("stages", 3)})
+        return compile_for(lazy._built[False], signature, constexprs, 90,
+                           {"num_warps": cfg.get("warps", 4), "num_stages": cfg.get("stages", 3)},
+                           [k for k in ALIGNED if k in signature])
     except (RuntimeError, FileNotFoundError) as exc:
         if "ptxas" in str(exc) or "backend" in str(exc).lower():
             pytest.skip(f"no CUDA backend here: {exc}")

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from tests.kernels.fresh_process import run_fresh
-from tests.kernels.kernel_checks import spill_bytes
-from tests.kernels.test_moe_compiles import compile_for
+from tests.kernels.kernel_checks import compile_for, spill_bytes
 
 
 @pytest.mark.parametrize("arch", [90, 80])
