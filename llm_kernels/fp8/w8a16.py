@@ -190,15 +190,16 @@ def w8a16_kernel(
         tl.store(optrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         loc = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        rows = mmask[None, :] & (loc >= 0)  # columns past M are neither written nor read
-        tl.store(ws_ptr + (t * SPLIT + part).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc, mask=rows)
+        # the whole slot, columns past M too (zeros): masking them cuts the stores and loads
+        # to single elements when M is not a multiple of 16 (as llm_kernels.w4a16.kpack found)
+        tl.store(ws_ptr + (t * SPLIT + part).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc)
         tl.debug_barrier()  # every thread's partial is written before the count
         arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT - 1:  # the last part to arrive sums all parts, in part order
             total = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
             for p in tl.static_range(SPLIT):
-                total += tl.load(ws_ptr + (t * SPLIT + p).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, mask=rows,
-                                 other=0.0, cache_modifier=".cg")
+                total += tl.load(ws_ptr + (t * SPLIT + p).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc,
+                                 cache_modifier=".cg")
             if HAS_BIAS:
                 total += bias
             tl.store(optrs, total.to(out_ptr.dtype.element_ty), mask=omask)

@@ -205,15 +205,17 @@ def _plus_bias(acc, b_ptr, rn, nmask, SWAP: tl.constexpr, HAS_BIAS: tl.constexpr
 
 
 @jit_helper
-def _ws_loc(mmask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
-    """Offsets of a tile's partial in its workspace slot, and the mask of the rows below M."""
+def _ws_loc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """Offsets of a tile's partial in its workspace slot, in the tile's orientation. The whole
+    slot is written and read, rows past M too (zeros: their x rows load as zeros): a row mask
+    there cuts the partials' stores and loads to single elements when M is not a multiple of
+    16 (a swapped tile's rows are contiguous), which made the split tiles' reduction the
+    kernel's bottleneck: 1.3-3x slower at M = 50 than at 48 or 64 on an H100."""
     if SWAP:
         loc = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        rows = mmask[None, :] & (loc >= 0)
     else:
         loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        rows = mmask[:, None] & (loc >= 0)
-    return loc, rows
+    return loc
 
 
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
@@ -297,8 +299,8 @@ def _kpack_kernel(
                 tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
             else:  # a tile shared by programs pf..pl: the partial to slot (t, pid - pf)
                 pf = ((t * NBLK + 1) * P - 1) // U
-                loc, rows = _ws_loc(mmask, BLOCK_M, BLOCK_N, SWAP)  # rows past M are neither written nor read
-                tl.store(ws_ptr + (t * C + pid - pf).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc, mask=rows)
+                loc = _ws_loc(BLOCK_M, BLOCK_N, SWAP)
+                tl.store(ws_ptr + (t * C + pid - pf).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc, acc)
             acc = tl.zeros_like(acc)
     # Only a program's first and last tiles can be shared. Counting in after the loop (not
     # inside it) keeps the loop free of atomics, which Triton's copy pipelining needs.
@@ -318,12 +320,12 @@ def _kpack_kernel(
                 rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
                 rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
                 mmask = rm < M
-                loc, rows = _ws_loc(mmask, BLOCK_M, BLOCK_N, SWAP)
+                loc = _ws_loc(BLOCK_M, BLOCK_N, SWAP)
                 total = tl.zeros(loc.shape, tl.float32)
                 for j in range(0, pl - pf + 1, 4):  # four partials in flight at a time, summed in order
                     for i in tl.static_range(4):
                         total += tl.load(ws_ptr + (t * C + j + i).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc,
-                                         mask=rows & (loc * 0 + j + i <= pl - pf), other=0.0, cache_modifier=".cg")
+                                         mask=loc * 0 + j + i <= pl - pf, other=0.0, cache_modifier=".cg")
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, rn < N, stride_om, SWAP)
                 total = _plus_bias(total, b_ptr, rn, rn < N, SWAP, HAS_BIAS)
                 tl.store(optr, total.to(out_ptr.dtype.element_ty), mask=omask)
