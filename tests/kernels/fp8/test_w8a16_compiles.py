@@ -15,6 +15,7 @@ import torch
 from llm_kernels.fp8.aot import compile_w8a16
 from llm_kernels.fp8.configs import w8a8_configs, w8a16_config
 from tests.kernels.fresh_process import run_fresh
+from tests.kernels.kernel_checks import partials_in_vectors
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,6 +33,7 @@ def check_compile(arch: int, cvt: str, mma: str) -> None:
     assert mma in ptx and "cp.async" in ptx  # tensor cores, and the weight tiles pipelined
     assert ("cvt.rn.f16x2.e4m3x2" in ptx) == (arch >= 89 and cvt == "native")
     assert k.metadata.shared <= 227 * 1024
+    assert partials_in_vectors(ptx)  # split in 2: the partials read back 16 bytes at a time
 
 
 @pytest.mark.parametrize("arch,mma", [(90, "wgmma.mma_async.sync.aligned.m64n"), (89, "mma.sync.aligned.m16n8k32")])
@@ -48,6 +50,7 @@ def check_w8a8_compile(arch: int, mma: str) -> None:
                 ptx = (k := compile_w8a16(arch, torch.bfloat16, cfg, block=block)).asm["ptx"]
                 assert f"{mma}" in ptx and ".e4m3.e4m3" in ptx and "cp.async" in ptx, (cfg, block)
                 assert "cvt.rn.f16x2.e4m3x2" not in ptx and k.metadata.shared <= 227 * 1024, (cfg, block)
+                assert partials_in_vectors(ptx), (cfg, block)
 
 
 def test_the_hardware_conversion_is_refused_below_sm89():

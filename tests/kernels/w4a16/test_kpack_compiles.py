@@ -6,12 +6,12 @@ warpgroups) through the LOP3 dequant, pipelined by cp.async; the bias (added onc
 store) adds no copy, no tensor-core instruction and no shared memory, and the kernel stays
 within Hopper's shared memory. At every token count some candidate runs without spilling
 registers to local memory on Hopper (the cubin's resource usage, read by the cuobjdump that
-ships with Triton). Each check runs in a fresh process (tests/kernels/fresh_process.py)."""
+ships with Triton), and every candidate reads its split tiles' partials back in 16-byte vectors. Each check runs in a fresh process (tests/kernels/fresh_process.py)."""
 import pytest
 import torch
 
 from tests.kernels.fresh_process import run_fresh
-from tests.kernels.kernel_checks import compile_for, spill_bytes
+from tests.kernels.kernel_checks import compile_for, partials_in_vectors, spill_bytes
 
 
 @pytest.mark.parametrize("arch", [90, 80])
@@ -36,7 +36,8 @@ def check_compile(arch: int, M: int) -> None:
     sig = {n: "i32" for n in fn.arg_names}
     sig.update({"x_ptr": "*bf16", "qk_ptr": "*i16", "z_ptr": "*i16", "s_ptr": "*bf16", "out_ptr": "*bf16",
                 "b_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"})
-    aligned = ("x_ptr", "qk_ptr", "z_ptr", "s_ptr", "out_ptr", "b_ptr", "N", "stride_xm", "stride_om")
+    aligned = ("x_ptr", "qk_ptr", "z_ptr", "s_ptr", "out_ptr", "b_ptr", "ws_ptr", "cnt_ptr", "N", "stride_xm",
+               "stride_om")
     asm = [kpack.dequant_asm(j, torch.bfloat16) for j in range(4)]
     spills = {}
     for cfg in configs.kpack_configs(M, torch.bfloat16, torch.device("cuda")):
@@ -51,6 +52,7 @@ def check_compile(arch: int, M: int) -> None:
             mma = "wgmma" if arch == 90 and cfg.get("swap") and cfg.get("warps", 4) % 4 == 0 else "mma.sync"
             assert mma in ptx and "cp.async" in ptx and "lop3.b32" in ptx, (arch, M, cfg, bias)
             assert k.metadata.shared <= 227 * 1024, (arch, M, cfg, k.metadata.shared)
+            assert partials_in_vectors(ptx), (arch, M, cfg, bias)
             hot[bias] = _hot(k, mma)
             if not bias:
                 spills[str(cfg)] = spill_bytes(k)
