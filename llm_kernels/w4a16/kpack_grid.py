@@ -41,8 +41,8 @@ def resident(kernel, warps: int, device) -> int:
 
 def resident_key(cfg, x, N, nblk, operands=()) -> tuple:
     """What selects one compiled kernel: the config, the dtype, the device, the constexprs
-    (K's block count, the row-tile count, which optional operands it adds: a bias or LoRA
-    updates take registers) and Triton's specialisations of M and N."""
+    (K's block count, the row-tile count, which optional operands it takes: a bias costs
+    registers) and Triton's specialisations of M and N."""
     M = x.shape[0]
     return (config_key(cfg), x.dtype, x.device, nblk, -(-M // cfg["BM"]), M == 1, M % 16 == 0, N % 16 == 0,
             tuple(operands))
