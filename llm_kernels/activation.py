@@ -6,6 +6,7 @@ import torch.nn.functional as F
 import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit, next_pow2, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
@@ -17,8 +18,11 @@ def gelu_tanh_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
-@lazy_jit
-def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, I, BLOCK: tl.constexpr, GELU: tl.constexpr):
+@lazy_jit(pdl=True)
+def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, I, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I

@@ -26,6 +26,7 @@ import triton.language as tl
 from llm_kernels.attention_cpu import paged_decode_attention_cpu, paged_prefill_attention_cpu
 from llm_kernels.attention_reference import paged_decode_attention_reference, paged_prefill_attention_reference
 from llm_kernels.dispatch import autotune, jit_helper, lazy_jit, next_pow2, sm_count, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 __all__ = [
     "DECODE_CONFIGS",
@@ -129,7 +130,7 @@ def _softmax_step(s, m, l, SAFE: tl.constexpr):
 
 # ---------------------------------------------------------------- decode
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh,
@@ -137,8 +138,11 @@ def _decode_kernel(
     qk_scale, cap_log2, v_scale, window, GROUP, D, PART, NUM_SPLITS,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, FP32: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     hkv = tl.program_id(1)
     split = tl.program_id(2)
@@ -196,11 +200,14 @@ def _decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _decode_reduce_kernel(
     po_ptr, pm_ptr, pl_ptr, out_ptr, stride_ob, stride_oh, HQ, D, NUM_SPLITS,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
@@ -312,7 +319,7 @@ def decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, config
 
 # ---------------------------------------------------------------- prefill
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, qsl_ptr, cl_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -320,11 +327,14 @@ def _prefill_kernel(
     qk_scale, cap_log2, v_scale, window, GROUP, D, B,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, FP32: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_B: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # flattened q-blocks: sequence b owns blocks Q_b = qsl[b] // BLOCK_M + b onwards,
     # cdiv(n_b, BLOCK_M) of them, all below Q_{b+1}; program p serves the largest b
     # (< B) with Q_b <= p, block p - Q_b of it (nothing when that is past n_b)
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     p_id = tl.program_id(0)
     h = tl.program_id(1)
     hkv = h // GROUP

@@ -95,8 +95,9 @@ class LazyKernel:
     @jit_helper functions of the kernel's module are built in the same mode.
     """
 
-    def __init__(self, fn, **jit_kwargs):
+    def __init__(self, fn, pdl: bool = False, **jit_kwargs):
         self.fn = fn
+        self.pdl = pdl  # takes part in programmatic dependent launch (llm_kernels.pdl)
         self.jit_kwargs = jit_kwargs
         self._built = {}
 
@@ -114,14 +115,29 @@ class LazyKernel:
         kernel = self.built(mode)
         if mode:
             return _interpreted_launcher(kernel[grid])
+        if self.pdl:
+            from llm_kernels.pdl import pdl_on
+
+            if pdl_on():
+                return _pdl_launcher(kernel[grid])
         return kernel[grid]
 
 
 def lazy_jit(fn=None, **jit_kwargs):
-    """`@lazy_jit` or `@lazy_jit(do_not_specialize=[...])`: a LazyKernel."""
+    """`@lazy_jit` or `@lazy_jit(pdl=True, do_not_specialize=[...])`: a LazyKernel (pdl: the
+    kernel takes part in programmatic dependent launch, llm_kernels.pdl)."""
     if fn is None:
         return lambda f: LazyKernel(f, **jit_kwargs)
     return LazyKernel(fn, **jit_kwargs)
+
+
+def _pdl_launcher(launch):
+    """A launch with programmatic dependent launch (llm_kernels.pdl): the kernel's PDL
+    constexpr on, and the launch attribute."""
+    def run(*args, **kwargs):
+        return launch(*args, PDL=True, launch_pdl=True, **kwargs)
+
+    return run
 
 
 def _interpreted_launcher(launch):

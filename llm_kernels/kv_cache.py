@@ -8,6 +8,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import autotune, lazy_jit, next_pow2, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -43,14 +44,17 @@ def write_kv_cache_reference(key, value, k_cache, v_cache, slot_mapping, k_scale
     _put(v_cache, slots, value[valid], v_scale)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
     T, H, D, block_size, k_inv, v_inv, fp8_max,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, TOKENS: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, TOKENS: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     for i in tl.static_range(TOKENS):  # a few tokens per program: fewer, fuller programs

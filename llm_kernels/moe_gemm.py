@@ -25,6 +25,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 @jit_helper
@@ -82,15 +83,18 @@ def _block_dot(acc, a, b_ptrs, z_ptrs, s_ptrs, kmask, nmask, n8mask, shifts,
     return acc + d
 
 
-@lazy_jit(do_not_specialize=["num_valid"])
+@lazy_jit(pdl=True, do_not_specialize=["num_valid"])
 def _moe_gemm_kernel(
     a_ptr, b_ptr, z_ptr, s_ptr, out_ptr, ids_ptr, blk_e_ptr, total_ptr, topw_ptr,
     N, K, num_valid, num_m, G, stride_am, stride_om,
     stride_be, stride_bk, stride_bn, stride_ze, stride_zg, stride_se, stride_sg, up_b, up_z, up_s,
     A_DIV: tl.constexpr, GATED: tl.constexpr, MUL_W: tl.constexpr, QUANT: tl.constexpr, FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[id] = act(A[id // A_DIV] @ B[e]) (* w[id]) for the ids of one M block of expert e."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = block_of(pid, num_m, num_n, GROUP_M)

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, uses_helpers_of
 from llm_kernels.moe_gemm import block_of, block_rows
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 from llm_kernels.w4a16.kpack import (ROWS, STRIPE, dequant_asm, kpack_add_scaled, kpack_dequantize_reference,
                                      kpack_from_awq, kpack_plane_dot, kpack_zeros)
 
@@ -96,17 +97,20 @@ def _block_planes(acc, xrow, mmask, h_ptrs, S, z_ptrs, s_ptrs, nmask, k0, N_ALL,
     return acc
 
 
-@lazy_jit(do_not_specialize=["num_valid"])
+@lazy_jit(pdl=True, do_not_specialize=["num_valid"])
 def _moe_kpack_kernel(
     a_ptr, qk_ptr, z_ptr, s_ptr, out_ptr, ids_ptr, blk_e_ptr, total_ptr, topw_ptr,
     N, num_valid, num_m, stride_am, stride_om, stride_qe, stride_ze, stride_se,
     NBLK: tl.constexpr, S: tl.constexpr, G: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A_DIV: tl.constexpr, GATED: tl.constexpr, MUL_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[id] = act(A[id // A_DIV] @ W[e]) (* w[id]) for the ids of one M block of expert e and
     BLOCK_N of the N output columns (GATED: the gate's, and the up's N further on)."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     pid_m, pid_n = block_of(pid, num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):

@@ -10,6 +10,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit, next_pow2, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 BLOCK_T = 16  # tokens a program
 
@@ -23,11 +24,14 @@ def select_experts_reference(router_logits: torch.Tensor, top_k: int, renormaliz
     return weights, ids
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _route_kernel(logits_ptr, w_ptr, ids_ptr, T, E, stride_t,
                   K: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, BLOCK_T: tl.constexpr,
-                  RENORM: tl.constexpr):
+                  RENORM: tl.constexpr, PDL: tl.constexpr = False):
     """weights [T, K] float32 and ids [T, K] int64 of BLOCK_T tokens."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     re = tl.arange(0, E_P2)
     rk = tl.arange(0, K_P2)

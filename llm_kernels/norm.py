@@ -4,6 +4,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit, next_pow2, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -12,12 +13,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(x.dtype)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr,
     stride_x, stride_r, stride_o, H, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H

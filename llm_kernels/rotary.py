@@ -16,6 +16,7 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
 from llm_kernels.norm import rms_norm, rms_norm_reference
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -65,13 +66,16 @@ def _rotate_heads(ptr, w_ptr, t, stride_t, stride_h, H, HALF, d, dmask, cos, sin
     tl.store(p + HALF, (x2 * cos + x1 * sin).to(ptr.dtype.element_ty), mask=mask)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, qw_ptr, kw_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
     HQ, HK, HALF, eps,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)

@@ -6,6 +6,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 BLOCK = 4096  # vocabulary elements per loop step (a ~152k vocabulary takes ~38)
 WARPS = 8
@@ -27,14 +28,17 @@ def _gap(lo, hi):
     return tl.where(same, 0.0, lo) - tl.where(same, 0.0, hi)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _logits_summary_kernel(
     x_ptr, tok_ptr, packed_ptr, lse_ptr, stride_x, V,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # Each lane keeps its own running max (NaN read as -inf), the first column
     # reaching it (updated only on a strictly greater value, and a lane's columns
     # grow), and sum(exp(x - max)); the lanes are merged once after the loop.
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ninf = float("-inf")

@@ -7,6 +7,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit, use_triton
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 BLOCK = 1024
 
@@ -23,8 +24,11 @@ def apply_token_bitmask_reference(logits: torch.Tensor, rows: torch.Tensor, bitm
     logits[rows] = logits[rows].masked_fill(banned, float("-inf"))
 
 
-@lazy_jit
-def _token_mask_kernel(logits_ptr, rows_ptr, mask_ptr, stride_l, W, V, BLOCK: tl.constexpr):
+@lazy_jit(pdl=True)
+def _token_mask_kernel(logits_ptr, rows_ptr, mask_ptr, stride_l, W, V, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < V

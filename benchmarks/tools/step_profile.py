@@ -11,7 +11,8 @@ kernels and copies by time, by kernel family, and the device's idle time between
 --eager runs the steps without CUDA graphs, one launch a kernel (the graphs replay the same
 kernels); --sync turns asynchronous scheduling off; --out writes a chrome trace a batch size
 and summary.json. --lora N: N random rank-16 adapters on every projection
-(benchmarks/lora_serve.py's), taken in turn by the traced requests.
+(benchmarks/lora_serve.py's), taken in turn by the traced requests, then the same steps without
+adapters (trace-B-base).
 """
 from __future__ import annotations
 
@@ -203,6 +204,8 @@ def main():
         if not loras:
             results[f"profile-{batch}"] = step_profile(eng, batch, 512, shapes["vocab_size"])
         results[f"trace-{batch}"], prof = trace(eng, batch, args.steps, shapes["vocab_size"], loras)
+        if loras:  # the same engine's steps without adapters: what the adapters add, kernel by kernel
+            results[f"trace-{batch}-base"], _ = trace(eng, batch, args.steps, shapes["vocab_size"])
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             prof.export_chrome_trace(os.path.join(args.out, f"trace-{batch}.json"))

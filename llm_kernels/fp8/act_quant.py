@@ -24,6 +24,7 @@ import triton.language as tl
 from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2, use_triton
 from llm_kernels.fp8.reference import FP8, per_token_scales, quantize_fp8
 from llm_kernels.fp8.select import CUDA_FP8, device_class
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 MAX_ROW = 32768  # rows up to this wide are read once, held in registers (64 values a thread at most)
 EPS = torch.finfo(torch.float32).eps  # the scale of an all-zero row, as per_token_scales has it
@@ -48,11 +49,14 @@ def _e4m3_bits(v, NATIVE: tl.constexpr):
     return q
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, EPS_: tl.constexpr, BLOCK_: tl.constexpr,
-                  ONE_PASS: tl.constexpr, NATIVE: tl.constexpr):
+                  ONE_PASS: tl.constexpr, NATIVE: tl.constexpr, PDL: tl.constexpr = False):
     """Row r of x: s[r] = max(|x[r]|) / 448 (EPS_ if 0), q[r] = e4m3(clamp(x[r] / s[r], +-448)).
     ONE_PASS: the row fits one block, held in registers between the two steps."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_)
     if ONE_PASS:
@@ -76,10 +80,13 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, EPS_: tl.constexpr
             tl.store(q_ptr + row * stride_q + k0 + cols, _e4m3_bits(v, NATIVE), mask=k0 + cols < K)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, EPS_: tl.constexpr,
-                        GROUP: tl.constexpr, NATIVE: tl.constexpr):
+                        GROUP: tl.constexpr, NATIVE: tl.constexpr, PDL: tl.constexpr = False):
     """Group g of row r (columns g GROUP ...): its scale s[r, g] and its e4m3 values."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     cols = g * GROUP + tl.arange(0, GROUP)

@@ -23,6 +23,8 @@ def compile_w8a16(arch: int, dtype, cfg: dict, block=None, split: int = 2, bias:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from llm_kernels.pdl import pdl_for
+
     fn = w8a16.w8a16_kernel.built(False)
     t = _TYPES[dtype]
     a8 = cfg.get("kind") == "w8a8"  # W8A8: e4m3 activations and weight, typed as such (see w8a16.launch)
@@ -32,6 +34,7 @@ def compile_w8a16(arch: int, dtype, cfg: dict, block=None, split: int = 2, bias:
     const = w8a16.constexprs(cfg, dtype, divmod(arch, 10), block, 1, split, True, bias)
     if forced_cvt is not None:
         const["CVT"] = forced_cvt
+    const["PDL"] = pdl_for(arch)
     sig.update({k: "constexpr" for k in const})
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                     attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in _ALIGNED})

@@ -8,14 +8,18 @@ import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit
 from llm_kernels.fp8.w8a16 import BITS_FACTOR, native_conversion
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_sn,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-                    NATIVE: tl.constexpr, FACTOR: tl.constexpr):
+                    NATIVE: tl.constexpr, FACTOR: tl.constexpr, PDL: tl.constexpr = False):
     """out[N, K] = e4m3 w[N, K] * scale, computed in float32 and rounded once. Scales as
     llm_kernels.fp8.w8a16's kernel takes them (SCALE_BK 0: one per row)."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rn < N)[:, None] & (rk < K)[None, :]

@@ -49,6 +49,7 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
 from llm_kernels.fp8.act_quant import quantize_per_token, quantize_per_token_group
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 BITS_FACTOR = 256.0  # the bit-moved fp16 is 2^-8 times the e4m3 value
@@ -111,14 +112,14 @@ def _dot(w, x, acc, F32: tl.constexpr):
     return acc
 
 
-@lazy_jit(do_not_specialize=["KPS"])
+@lazy_jit(pdl=True, do_not_specialize=["KPS"])
 def w8a16_kernel(
     x_ptr, w_ptr, s_ptr, xs_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, stride_sn, stride_xs, KPS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MT: tl.constexpr, SPLIT: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, CVT: tl.constexpr, ASM_CODE: tl.constexpr, ASM_PACK: tl.constexpr,
     F32: tl.constexpr, A8: tl.constexpr,
-    FACTOR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FACTOR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ (W[N, K] * scale)^T. Program (t, p): tile t (column tile
     t // MT, row tile t % MT: the row tiles of one weight tile are neighbours, the weight
@@ -131,6 +132,9 @@ def w8a16_kernel(
     xs_ptr are per token ([M]) with per-channel weight scales, or per token and scale block
     of K ([M, K / SCALE_BK], row stride stride_xs) with block scales, each K block's sum then
     scaled by both."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     part = tl.program_id(1)
     pid_n = t // MT

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2
 from llm_kernels.lora.configs import ONEHOT
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 NONE = tl.constexpr(2147483647)  # past every slot: the walk's end
 REDUCE_FLOATS = 8192  # a (tile, group)'s split partials, loaded at once (64 registers a thread at 4 warps)
@@ -79,15 +80,18 @@ def _skip_slots(sl, s, n):
     return s
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _shrink_kernel(
     x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
     T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr,
-    FP32: tl.constexpr,
+    FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """y[t, :] = x[t] @ a[slots[t]]^T in float32 (BLOCK_R columns, zero past R) for the rows of
     one token tile whose slots are this program's group; y is [T, BLOCK_R]."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_g = tl.program_id(2)
@@ -158,14 +162,17 @@ def slice_tile(pid_n, tiles1, tiles2, col1, col2, N, R, BLOCK_N: tl.constexpr):
     return c0 + (pid_n - tile0) * BLOCK_N + tl.arange(0, BLOCK_N), c1, i * R
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _expand_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
     T, N, R, S, stride_yt, stride_bs, stride_bn, stride_ot, tiles1, tiles2, col1, col2,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t, n tile] += y[t, slice's R columns] @ b[slots[t]][n tile]^T for the rows of one
     token tile whose slots are this program's group."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_g = tl.program_id(2)

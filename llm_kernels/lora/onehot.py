@@ -30,19 +30,23 @@ import triton.language as tl
 from llm_kernels.dispatch import lazy_jit, next_pow2, uses_helpers_of
 from llm_kernels.lora.configs import ONEHOT
 from llm_kernels.lora.kernels import block_r, dot_acc, finish_shrink, shrink_grid, slice_grid, slice_tile, tile_slots
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 uses_helpers_of(__name__, "llm_kernels.lora.kernels")
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _shrink_onehot_kernel(
     x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
     T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SLOTS_C: tl.constexpr,
-    SPLIT_P2: tl.constexpr, FP32: tl.constexpr,
+    SPLIT_P2: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """y[t, :] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile whose slots are
     in this program's chunk (slots pid_c * SLOTS_C ...), over one K range."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_c = tl.program_id(2)
@@ -72,15 +76,18 @@ def _shrink_onehot_kernel(
                   tl.num_programs(1), BLOCK_M, BLOCK_R, SPLIT_P2)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _expand_onehot_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
     T, N, R, S, stride_yt, stride_bs, stride_bn, stride_ot, tiles1, tiles2, col1, col2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SLOTS_C: tl.constexpr,
-    FP32: tl.constexpr,
+    FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t, n tile] += y[t, slice's R columns] @ b[slots[t]][n tile]^T for the rows of one
     token tile."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

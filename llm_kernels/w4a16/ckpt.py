@@ -29,6 +29,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit, sm_count
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
 
 # ----------------------------------------------------------------------------
@@ -191,16 +192,19 @@ ASM_PAIR = (
 )
 
 
-@lazy_jit(do_not_specialize=["M", "nblk", "bps", "split"])
+@lazy_jit(pdl=True, do_not_specialize=["M", "nblk", "bps", "split"])
 def _awq_gemm_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, stride_xm, stride_om, G, nblk, bps, split,
     BK: tl.constexpr, OFF: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr, DEQ: tl.constexpr, USE_WS: tl.constexpr,
-    PREFETCH: tl.constexpr, FP32: tl.constexpr, PFX: tl.constexpr,
+    PREFETCH: tl.constexpr, FP32: tl.constexpr, PFX: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ W. Program (tile, pid_k) does K blocks
     [pid_k * bps, (pid_k + 1) * bps) of its BLOCK_M x (8 * BLOCK_W) tile."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     m_tiles = tl.cdiv(M, BLOCK_M)
@@ -283,15 +287,18 @@ def _awq_gemm_kernel(
         store8(optr, omask, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _wide_tile_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr,
     M, N, K, stride_xm, stride_om, G, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ATOMIC: tl.constexpr, FP32: tl.constexpr,
+    ATOMIC: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ W on widened [BLOCK_K, BLOCK_N] weight tiles; with ATOMIC,
     program (m, n, pid_k) adds its K slice into a zeroed float32 out by atomics."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -328,11 +335,14 @@ def _wide_tile_kernel(
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-@lazy_jit
+@lazy_jit(pdl=True)
 def _awq_dequant_kernel(
     qw_ptr, qz_ptr, s_ptr, out_ptr, N, G,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn8 = tl.program_id(1) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)

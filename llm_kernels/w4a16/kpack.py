@@ -48,6 +48,7 @@ import torch
 import triton.language as tl
 
 from llm_kernels.dispatch import jit_helper, lazy_jit
+from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 from llm_kernels.w4a16.awq_format import unpack_awq_int4
 from llm_kernels.w4a16.kpack_grid import program_count, remember, split_plan
 from llm_kernels.w4a16.workspace import WS_FLOATS, WS_TILES, workspace
@@ -219,14 +220,14 @@ def _ws_loc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
 
 
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
-@lazy_jit(do_not_specialize=["U", "P", "C"])
+@lazy_jit(pdl=True, do_not_specialize=["U", "P", "C"])
 def _kpack_kernel(
     x_ptr, qk_ptr, z_ptr, s_ptr, out_ptr, b_ptr, ws_ptr, cnt_ptr,
     M, N, stride_xm, stride_om, U, P, C,
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, S: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SWAP: tl.constexpr, S: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ W, plus bias[N] when HAS_BIAS (added once, at the tile's
     store). Program pid runs work units [pid U / P, (pid + 1) U / P) of the tile-major
@@ -238,6 +239,9 @@ def _kpack_kernel(
     SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand (held
     in registers, where Hopper's wgmma takes its A) and x^T as the second (read from shared
     memory); tiles and partials are [BLOCK_N, BLOCK_M] then. S: the stripe width of qk."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     u0 = pid * U // P
     u1 = (pid + 1) * U // P
@@ -332,9 +336,12 @@ def _kpack_kernel(
                 tl.atomic_xchg(cnt_ptr + t, 0)  # ready for the next launch
 
 
-@lazy_jit
-def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.constexpr, S: tl.constexpr):
+@lazy_jit(pdl=True)
+def _kpack_dequant_kernel(qk_ptr, z_ptr, s_ptr, out_ptr, N, G, BLOCK_N: tl.constexpr, S: tl.constexpr, PDL: tl.constexpr = False):
     """One 128-row block x BLOCK_N columns (within one stripe of S) of the dense weight."""
+    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
+        gdc_wait()
+        gdc_launch_dependents()
     blk = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     r16 = tl.arange(0, 16)

@@ -43,13 +43,27 @@ def partials_in_vectors(ptx: str) -> bool:
     return bool(loads) and all(".v4." in op for op in loads)
 
 
+def waits_before_loading(ptx: str) -> bool:
+    """Programmatic dependent launch (llm_kernels.pdl): the kernel's grid-dependency wait comes
+    before its first read of global memory (a load, a copy to shared memory or an atomic), so
+    nothing an earlier kernel writes is read before that kernel is done."""
+    wait = ptx.find("griddepcontrol.wait")
+    first = min((i for i in (ptx.find(op) for op in ("ld.global", "cp.async", "atom.global", "red.global"))
+                 if i >= 0), default=len(ptx))
+    return 0 <= wait < first
+
+
 def compile_for(fn, sig: dict, const: dict, arch: int, options: dict, aligned=()):
     """fn compiled for sm_<arch>: sig's types, const's compile-time values, aligned's 16-divisible."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from llm_kernels.pdl import pdl_for
+
     names = fn.arg_names
+    if "PDL" in names and "PDL" not in const:  # as the launch on that GPU would (llm_kernels.pdl)
+        const = {**const, "PDL": pdl_for(arch)}
     src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}},
                     constexprs={(names.index(k),): v for k, v in const.items()},
                     attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})

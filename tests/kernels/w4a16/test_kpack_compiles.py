@@ -6,12 +6,13 @@ warpgroups) through the LOP3 dequant, pipelined by cp.async; the bias (added onc
 store) adds no copy, no tensor-core instruction and no shared memory, and the kernel stays
 within Hopper's shared memory. At every token count some candidate runs without spilling
 registers to local memory on Hopper (the cubin's resource usage, read by the cuobjdump that
-ships with Triton), and every candidate reads its split tiles' partials back in 16-byte vectors. Each check runs in a fresh process (tests/kernels/fresh_process.py)."""
+ships with Triton), every candidate reads its split tiles' partials back in 16-byte vectors, and
+on Hopper waits for the previous kernel (programmatic dependent launch) before reading anything. Each check runs in a fresh process (tests/kernels/fresh_process.py)."""
 import pytest
 import torch
 
 from tests.kernels.fresh_process import run_fresh
-from tests.kernels.kernel_checks import compile_for, partials_in_vectors, spill_bytes
+from tests.kernels.kernel_checks import compile_for, partials_in_vectors, spill_bytes, waits_before_loading
 
 
 @pytest.mark.parametrize("arch", [90, 80])
@@ -53,6 +54,9 @@ def check_compile(arch: int, M: int) -> None:
             assert mma in ptx and "cp.async" in ptx and "lop3.b32" in ptx, (arch, M, cfg, bias)
             assert k.metadata.shared <= 227 * 1024, (arch, M, cfg, k.metadata.shared)
             assert partials_in_vectors(ptx), (arch, M, cfg, bias)
+            # Hopper launches it with programmatic dependent launch: it waits before any read;
+            # Ampere has no such launch, and the kernel no such instruction
+            assert waits_before_loading(ptx) if arch == 90 else "griddepcontrol" not in ptx, (arch, M, cfg)
             hot[bias] = _hot(k, mma)
             if not bias:
                 spills[str(cfg)] = spill_bytes(k)
