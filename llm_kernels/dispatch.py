@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from llm_kernels import tune_cache
+from llm_kernels.pdl import pdl_on
 
 
 def interpret_mode() -> bool:
@@ -115,11 +116,8 @@ class LazyKernel:
         kernel = self.built(mode)
         if mode:
             return _interpreted_launcher(kernel[grid])
-        if self.pdl:
-            from llm_kernels.pdl import pdl_on
-
-            if pdl_on():
-                return _pdl_launcher(kernel[grid])
+        if self.pdl and pdl_on():
+            return _pdl_launcher(kernel[grid])
         return kernel[grid]
 
 

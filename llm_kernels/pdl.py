@@ -28,8 +28,8 @@ def pdl_on() -> bool:
     """Whether kernels that take part launch with PDL on the current CUDA device: compute
     capability 9.0 or above, a Triton with the grid-dependency instructions, and
     LLM_KERNELS_PDL not "0"."""
-    if gdc_wait is None or os.environ.get("LLM_KERNELS_PDL", "1") == "0" or not torch.cuda.is_available():
-        return False
+    if gdc_wait is None or os.environ.get("LLM_KERNELS_PDL", "1") == "0" or not torch.cuda.is_initialized():
+        return False  # (no kernel launches on a GPU before CUDA is initialized)
     idx = torch.cuda.current_device()
     on = _ON.get(idx)
     if on is None:
