@@ -80,7 +80,9 @@ def _skip_slots(sl, s, n):
     return s
 
 
-@lazy_jit(pdl=True)
+# T (the step's tokens) is not specialised: a prefill of any length runs the kernel compiled at start-up,
+# where a new divisibility by 16 would compile (and stall the step) mid-serving
+@lazy_jit(pdl=True, do_not_specialize=["T"])
 def _shrink_kernel(
     x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
     T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
@@ -127,13 +129,15 @@ def _shrink_kernel(
 def finish_shrink(acc, y_ptr, rm, owned, ws_ptr, cnt_ptr, unit, pid_k, split,
                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_P2: tl.constexpr):
     """A shrink program's float32 [BLOCK_M, BLOCK_R] rows of y (the `owned` ones) into y; with
-    the K split (SPLIT_P2 > 1), its partial to the workspace ([unit][split][BLOCK_M, BLOCK_R]),
-    counted in, and the last of the unit loads all their partials at once and sums them (a
-    fixed tree: deterministic)."""
+    the K split (split > 1 programs on axis 1, at most SPLIT_P2), its partial to the workspace
+    ([unit][SPLIT_P2][BLOCK_M, BLOCK_R]), counted in, and the last of the unit loads all their
+    partials at once and sums them (a fixed tree: deterministic). SPLIT_P2 is the config's
+    bound (split_bound), not this launch's split, so token counts that split K differently
+    run one compiled kernel."""
     rr = tl.arange(0, BLOCK_R)
     lm = tl.arange(0, BLOCK_M)
     y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * BLOCK_R + rr[None, :]
-    if SPLIT_P2 > 1:
+    if (SPLIT_P2 > 1) & (split > 1):
         ws_unit = ws_ptr + unit.to(tl.int64) * (SPLIT_P2 * BLOCK_M * BLOCK_R)
         tl.store(ws_unit + pid_k * (BLOCK_M * BLOCK_R) + lm[:, None] * BLOCK_R + rr[None, :], acc)
         tl.debug_barrier()
@@ -162,7 +166,7 @@ def slice_tile(pid_n, tiles1, tiles2, col1, col2, N, R, BLOCK_N: tl.constexpr):
     return c0 + (pid_n - tile0) * BLOCK_N + tl.arange(0, BLOCK_N), c1, i * R
 
 
-@lazy_jit(pdl=True)
+@lazy_jit(pdl=True, do_not_specialize=["T"])
 def _expand_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
     T, N, R, S, stride_yt, stride_bs, stride_bn, stride_ot, tiles1, tiles2, col1, col2,
@@ -223,15 +227,28 @@ def slot_groups(cfg: dict, S: int, T: int) -> int:
     return cap if want == "all" else max(1, min(int(want), cap))
 
 
+def split_bound(K: int, br: int, cfg: dict) -> int:
+    """The most K splits a shrink config takes at any token count: at most one BLOCK_K step a
+    split, at most REDUCE_FLOATS partial floats a (tile, group), at most cfg["split"]."""
+    bm, bk = cfg["BM"], cfg["BK"]
+    return max(1, min(cfg.get("split") or -(-K // bk), -(-K // bk), REDUCE_FLOATS // (bm * br)))
+
+
+def split_p2(K: int, br: int, cfg: dict) -> int:
+    """SPLIT_P2 of a shrink config: its split bound as a power of two (1: it never splits). It
+    depends on the layer and the config, not on the token count."""
+    bound = split_bound(K, br, cfg)
+    return 1 if bound == 1 else next_pow2(bound)
+
+
 def shrink_grid(T: int, K: int, br: int, groups: int, cfg: dict, sms: int) -> tuple[int, int, int]:
     """(token tiles, K splits, K per split) of one shrink: cfg["split"] splits, or about
-    cfg["waves"] programs an SM over the tiles and groups; at most one BLOCK_K step a split,
-    and at most REDUCE_FLOATS partial floats a (tile, group)."""
+    cfg["waves"] programs an SM over the tiles and groups, within split_bound."""
     bm, bk = cfg["BM"], cfg["BK"]
     tiles = -(-T // bm)
     steps = -(-K // bk)
     split = cfg.get("split") or -(-cfg.get("waves", 1) * sms // (tiles * groups))
-    split = max(1, min(split, steps, REDUCE_FLOATS // (bm * br)))
+    split = max(1, min(split, split_bound(K, br, cfg)))
     per = -(-steps // split) * bk
     return tiles, -(-K // per), per
 
@@ -244,7 +261,7 @@ def launch_shrink(x, a, slots, cfg: dict, sms: int, counters, fp32: bool) -> tor
     br = block_r(R)
     groups = slot_groups(cfg, S, T)
     tiles, split, per = shrink_grid(T, K, br, groups, cfg, sms)
-    p2 = 1 if split == 1 else next_pow2(split)
+    p2 = split_p2(K, br, cfg)
     y = torch.empty(T, br, dtype=torch.float32, device=x.device)
     ws = torch.empty(tiles * groups * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32,
                      device=x.device)

@@ -29,13 +29,14 @@ import triton.language as tl
 
 from llm_kernels.dispatch import lazy_jit, next_pow2, uses_helpers_of
 from llm_kernels.lora.configs import ONEHOT
-from llm_kernels.lora.kernels import block_r, dot_acc, finish_shrink, shrink_grid, slice_grid, slice_tile, tile_slots
+from llm_kernels.lora.kernels import (block_r, dot_acc, finish_shrink, shrink_grid, slice_grid, slice_tile, split_p2,
+                                     tile_slots)
 from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
 
 uses_helpers_of(__name__, "llm_kernels.lora.kernels")
 
 
-@lazy_jit(pdl=True)
+@lazy_jit(pdl=True, do_not_specialize=["T"])  # as the walking kernels (llm_kernels.lora.kernels)
 def _shrink_onehot_kernel(
     x_ptr, a_ptr, slots_ptr, y_ptr, ws_ptr, cnt_ptr,
     T, K, R, S, k_per_split, stride_xt, stride_as, stride_ar,
@@ -76,7 +77,7 @@ def _shrink_onehot_kernel(
                   tl.num_programs(1), BLOCK_M, BLOCK_R, SPLIT_P2)
 
 
-@lazy_jit(pdl=True)
+@lazy_jit(pdl=True, do_not_specialize=["T"])
 def _expand_onehot_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
     T, N, R, S, stride_yt, stride_bs, stride_bn, stride_ot, tiles1, tiles2, col1, col2,
@@ -128,7 +129,7 @@ def launch_shrink_onehot(x, a, slots, cfg: dict, sms: int, counters, fp32: bool)
     sc = slots_per_chunk(cfg, S, br)
     chunks = -(-S // sc)
     tiles, split, per = shrink_grid(T, K, br, chunks, cfg, sms)
-    p2 = 1 if split == 1 else next_pow2(split)
+    p2 = split_p2(K, br, cfg)
     y = torch.empty(T, br, dtype=torch.float32, device=x.device)
     ws = torch.empty(tiles * chunks * p2 * cfg["BM"] * br if split > 1 else 1, dtype=torch.float32, device=x.device)
     _shrink_onehot_kernel[(tiles, split, chunks)](

@@ -42,6 +42,9 @@ def compiled(lazy, signature: dict, constexprs: dict, cfg: dict):
         raise
 
 
+K = 3584  # Qwen2.5-7B's hidden size: the K of the shrinks of q/k/v, o and gate/up
+
+
 def shrink_signature(dt):
     ints = ("T", "K", "R", "S", "k_per_split", "stride_xt", "stride_as", "stride_ar")
     return {"x_ptr": f"*{dt}", "a_ptr": f"*{dt}", "slots_ptr": "*i32", "y_ptr": "*fp32", "ws_ptr": "*fp32",
@@ -71,11 +74,14 @@ def check_candidates(dtype_name: str, T: int) -> None:
             for br in (16, 64):
                 k = compiled(onehot._shrink_onehot_kernel, shrink_signature(dt),
                              {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": br,
-                              "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "SPLIT_P2": 8, "FP32": fp32}, cfg)
+                              "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "SPLIT_P2": kernels.split_p2(K, br, cfg),
+                              "FP32": fp32}, cfg)
                 assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
                 spills.setdefault(("shrink", br), []).append(spill_bytes(k))
             continue
-        for split, br in ((8, 16), (8, 64), (1, 16))[: 3 if i == 0 else 2]:
+        # the SPLIT_P2 a launch on the layer passes (split_p2), and once (the first) without a split
+        variants = [(kernels.split_p2(K, 16, cfg), 16), (kernels.split_p2(K, 64, cfg), 64), (1, 16)]
+        for split, br in variants[: 3 if i == 0 else 2]:
             k = compiled(kernels._shrink_kernel, shrink_signature(dt),
                          {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": br, "SPLIT_P2": split, "FP32": fp32},
                          cfg)

@@ -206,3 +206,79 @@ def test_tuning_times_inputs_of_its_own(rng, monkeypatch, poisoned):
         assert len(outs) == 4 and all(torch.isfinite(o).all() and o.abs().sum() > 0 for o in outs), name
         for o in outs[1:]:
             torch.testing.assert_close(o, outs[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sms", [1, 64], ids=["one-split", "bound-splits"])
+def test_a_split_bound_above_the_launch_split(sms, rng):
+    """The compiled kernel holds room for the config's most K splits (split_p2), whatever this
+    launch splits: with one split (no workspace, the direct store) and with the bound's five,
+    both launches of one kernel, the update is the reference's."""
+    from llm_kernels.lora.kernels import launch_expand, launch_shrink, split_p2
+
+    cfg = {"BM": 16, "BK": 16, "waves": 1}  # K 72: 5 steps of 16, so at most 5 splits (8 partial slots)
+    assert split_p2(K, 16, cfg) == 8
+    out, x, a, b, slots = inputs(37, K, N, torch.float32, rng)
+    tiles, split, _ = shrink_grid(37, K, 16, slot_groups(cfg, a.shape[0], 37), cfg, sms)
+    assert split == (1 if sms == 1 else 5)
+    y = launch_shrink(x, a, slots, cfg, sms, counters(x.device, shrink_units(cfg, a.shape[0], 37)), True)
+    got = launch_expand(y, b, slots, out.clone(), {"BM": 16, "BN": 32}, True, (N,))
+    check_update(got, reference(out, x, a, b, slots), out, slots, torch.float32, rng.initial_seed(),
+                 f"{split} of at most 5 splits", terms=(x, a, b))
+    assert not counters(x.device, 1).any()
+
+
+def test_one_compiled_kernel_for_every_prefill_length(monkeypatch):
+    """A prefill of any length runs the kernels compiled at start-up: the constexprs a launch
+    passes do not change with the token count T (before, the shrink's partial slots followed
+    this launch's K split, and a new length could compile a kernel, and stall every request in
+    the step, mid-serving), and no kernel specialises on T (Triton compiles again when an
+    integer argument starts or stops dividing by 16)."""
+    from llm_kernels.lora import kernels, onehot
+    from llm_kernels.lora.configs import expand_configs
+
+    for kernel in (kernels._shrink_kernel, kernels._expand_kernel, onehot._shrink_onehot_kernel,
+                   onehot._expand_onehot_kernel):
+        assert "T" in kernel.jit_kwargs.get("do_not_specialize", ()), kernel.fn.__name__
+    launches = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                launches.append((self.name, tuple(sorted(constexprs.items()))))
+            return run
+
+    for name in ("_shrink_kernel", "_expand_kernel"):
+        monkeypatch.setattr(kernels, name, Recorder(name))
+    for name in ("_shrink_onehot_kernel", "_expand_onehot_kernel"):
+        monkeypatch.setattr(onehot, name, Recorder(name))
+    cuda = torch.device("cuda")  # the GPU's candidate lists (nothing runs)
+    S = 8
+    for K_, slices in ((3584, (3584, 512, 512)), (3584, (18944, 18944)), (18944, (3584,))):
+        a = torch.empty(S, 16 * len(slices), K_, dtype=torch.bfloat16, device="meta")
+        b = torch.empty(S, sum(slices), 16, dtype=torch.bfloat16, device="meta")
+        for cfgs, bucket in ((shrink_configs(700, torch.bfloat16, cuda), "prefill"),
+                             (shrink_configs(50, torch.bfloat16, cuda), "decode")):
+            for cfg in cfgs:
+                seen = set()
+                for T in ((513, 600, 1102, 1118, 4000, 8192) if bucket == "prefill" else (17, 50, 64, 100)):
+                    launches.clear()
+                    x = torch.empty(T, K_, dtype=torch.bfloat16, device="meta")
+                    slots = torch.empty(T, dtype=torch.int32, device="meta")
+                    shrink = onehot.launch_shrink_onehot if cfg.get("kind") == "onehot" else kernels.launch_shrink
+                    shrink(x, a, slots, cfg, 132, None, False)
+                    seen.add(launches[0])
+                assert len(seen) == 1, (K_, cfg, seen)
+        for cfg in expand_configs(700, torch.bfloat16, cuda) + expand_configs(50, torch.bfloat16, cuda):
+            seen = set()
+            for T in (17, 50, 513, 1118, 8192):
+                launches.clear()
+                y = torch.empty(T, 16, dtype=torch.float32, device="meta")
+                out = torch.empty(T, sum(slices), dtype=torch.bfloat16, device="meta")
+                slots = torch.empty(T, dtype=torch.int32, device="meta")
+                expand = onehot.launch_expand_onehot if cfg.get("kind") == "onehot" else kernels.launch_expand
+                expand(y, b, slots, out, cfg, False, slices)
+                seen.add(launches[0])
+            assert len(seen) == 1, (K_, cfg, seen)
