@@ -230,8 +230,8 @@ def slot_groups(cfg: dict, S: int, T: int) -> int:
 def split_bound(K: int, br: int, cfg: dict) -> int:
     """The most K splits a shrink config takes at any token count: at most one BLOCK_K step a
     split, at most REDUCE_FLOATS partial floats a (tile, group), at most cfg["split"]."""
-    bm, bk = cfg["BM"], cfg["BK"]
-    return max(1, min(cfg.get("split") or -(-K // bk), -(-K // bk), REDUCE_FLOATS // (bm * br)))
+    steps = -(-K // cfg["BK"])
+    return max(1, min(cfg.get("split") or steps, steps, REDUCE_FLOATS // (cfg["BM"] * br)))
 
 
 def split_p2(K: int, br: int, cfg: dict) -> int:
