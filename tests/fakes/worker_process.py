@@ -95,12 +95,18 @@ class WorkerProcess:
 
     def serve_until(self, fake, done, timeout: float, what: str) -> int:
         """Serve the fake control plane until `done` holds (fake.wait_for: fails naming `what`
-        after `timeout` s), then stop as RunPod does, with SIGTERM: the exit status. A worker
-        still running after that (the wait failed, or it took over 60 s to exit) is killed."""
+        after `timeout` s, or at once if the worker exits first, with the worker's output either
+        way), then stop as RunPod does, with SIGTERM: the exit status. A worker still running
+        after that (the wait failed, or it took over 60 s to exit) is killed."""
         try:
-            fake.wait_for(done, timeout, what)
+            fake.wait_for(lambda: done() or self.proc.poll() is not None, timeout, what)
+            if not done():  # the worker exited first: its output says why
+                raise AssertionError(f"the worker exited (status {self.wait(10)}) before {what}:\n"
+                                     + self.output[-4000:])
             self.proc.send_signal(signal.SIGTERM)
             return self.wait(60)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the worker's output:\n{self.output[-4000:]}") from None
         finally:
             self.stop()
 
