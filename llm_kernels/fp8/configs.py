@@ -16,6 +16,13 @@ SCALED_MM = {"kind": "scaled_mm"}  # activations quantized per token, torch._sca
 DENSE = {"kind": "dense"}  # the weight dequantized by a Triton kernel, then cuBLAS
 
 
+# Above 16 tokens the candidates include about one program an SM (waves 1): each part of K
+# writes a float32 partial of BLOCK_M x BLOCK_N tokens and weight rows and the last part reads
+# them all back, so at 32-256 tokens a tile the partials of 4 programs an SM rival the weight's
+# own bytes (o_proj at 64 tokens on an H100: 56 tiles cut in 10 parts of 3 K blocks, 9 MB of
+# partials written and read against a 12.8 MB weight; 20 us against a 4.6 us floor).
+
+
 def shape_key(M: int, N: int, K: int, layout: str, dtype) -> tuple:
     """What a choice is tuned for: M up to its next power of two, the layer, the scale layout, the dtype."""
     return (next_pow2(M), N, K, layout, dtype)
@@ -56,6 +63,8 @@ def w8a16_configs(M: int, dtype, device, block_k: int = 0) -> list:
         bm = 16 if M <= 16 else min(64, next_pow2(M))
         cands = [w8a16_config(bm, 64, 128), w8a16_config(bm, 64, 256, stages=3, cvt="asm"),
                  w8a16_config(bm, 64, 128, waves=8, cvt="asm")]
+        if M > 16:  # fewer, longer parts of K (above)
+            cands += [w8a16_config(bm, 64, 128, waves=1), w8a16_config(bm, 64, 256, stages=3, cvt="asm", waves=1)]
     return _fit_block(cands, block_k)
 
 
@@ -80,6 +89,9 @@ def w8a8_configs(M: int, device, block_k: int = 0) -> list:
         bm = 16 if M <= 16 else min(128, next_pow2(M))
         cands = [w8a8_config(bm, 64, 128), w8a8_config(bm, 128, 128, warps=8),
                  w8a8_config(bm, 64, 256, stages=3), w8a8_config(bm, 128, 256, warps=8, stages=3, waves=2)]
+        if M > 16:  # fewer, longer parts of K (above)
+            cands += [w8a8_config(bm, 64, 128, waves=1), w8a8_config(bm, 64, 256, stages=3, waves=1),
+                      w8a8_config(bm, 128, 128, warps=8, waves=1)]
     return _fit_block(cands, block_k)
 
 
