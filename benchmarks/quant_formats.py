@@ -3,13 +3,17 @@ GPTQ act-order, compressed-tensors W4A16) built from their checkpoint tensors th
 loads them, run by the same W4A16 path as AWQ, beside AWQ itself; and K5, the FP8 linear
 (FP8_DYNAMIC layers: whatever llm_kernels.fp8 selects and tunes), the W8A16 kernel alone, the
 Triton W8A8 kernel alone and the cuBLAS W8A8 path alone (per-token activations quantized in one
-launch, torch._scaled_mm) against bf16 cuBLAS and the bytes floor at M = 1..256. Ratios
+launch, torch._scaled_mm) against bf16 cuBLAS and the bytes floor at M = 1..256; and for
+q/k/v, gate/up and down, whose inputs the model's RMSNorm or activation quantizes in its own
+launch where the layer's step takes e4m3 (engine.model.layers.quantized_input), a "fed" row:
+the layer as the model runs it then, handed that quantization. Ratios
 as in benchmarks/kernel_bench.py (ceilings measured in this run, CUDA-graph replays cycling
 through input sets to keep L2 cold).
 
     python3 benchmarks/quant_formats.py [--only K1-fmt,K5] [--out PATH]
 """
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -33,6 +37,7 @@ from llm_kernels.fp8.configs import shape_key as fp8_shape_key  # noqa: E402
 from llm_kernels.w4a16.gptq_format import gptq_unpack, pack_cols, pack_rows  # noqa: E402
 
 SHAPES = [(3584, 4608), (3584, 3584), (3584, 37888), (18944, 3584)]
+FED = [(3584, 4608), (3584, 37888), (18944, 3584)]  # q/k/v and gate/up after a norm, down after the activation
 G = 128
 
 
@@ -163,9 +168,36 @@ def k5_row(K, N, M, sets, dense, ceil, timer, gen):
                   wrong=not (err < 1e-2 and w8_err < 1e-2 and (a8_err is None or a8_err < 1e-2)))
 
 
-def k5(ceil, ms, shapes=SHAPES, device="cuda", gen=None, timer=None):
-    """K5 over `shapes` (K, N) and token counts `ms`: a row each (k5_row). timer: seconds per
-    call of a list of closures (default: CUDA-graph replays cycling through them)."""
+def k5_fed_row(K, N, M, sets, ceil, timer, gen, peer):
+    """One fed K5 row: the FP8 linear of a layer whose producer can quantize its input
+    (FP8Weight.fed: its choice of kernel tuned apart, W8A8 timed without a quantization
+    pass), handed x's quantization where its step takes one, against the unfed row's bf16
+    cuBLAS time `peer` (seconds). The producer's own cost grows by writing M K bytes and M
+    scales more, not counted here (at most about 0.2 us at M 256 on these layers)."""
+    bw, peak, fp8_peak = ceil
+    x = torch.randn(M, K, device=sets[0].weight.device, generator=gen).to(torch.bfloat16)
+    fed = [dataclasses.replace(p, fed=True, wants={}) for p in sets]
+    xq = quantize_per_token(x)
+    fp8.wants_quantized_input(fed[0], x)
+    out = fp8.linear(x, fed[0], xq=xq)  # tunes this shape, fed
+    kernel, _ = fp8.plan(x, fed[0])
+    handed = kernel in fp8_weight.A8_KERNELS
+    w_deq = dequantize_fp8(fed[0].weight, fed[0].scale)
+    err = rel(out, (x.float() if kernel == "w8a16" else fp8_qdq_per_token(x.float())) @ w_deq.t())
+    key = fp8_shape_key(M, N, K, fed[0].layout, x.dtype) + ("fed",)
+    ours = timer([lambda p=p: fp8.linear(x, p, xq=xq if handed else None) for p in fed])
+    x_bytes = M * (K + 4) if handed else 2 * M * K  # e4m3 and a scale a token, or bf16
+    floor = max((K * N + 4 * N + x_bytes + 2 * M * N) / bw, 2 * M * K * N / (fp8_peak if handed else peak))
+    return bk.row("K5", f"fp8 {K}x{N} M={M} fed", ours, floor, peer, None, 1.3 if M <= 64 else 1.1, kernel=kernel,
+                  rel_err=err, handed_over=handed,
+                  path_candidates_us=[[str(c), t * 1e6] for c, t in TIMINGS.get((fp8_weight.TUNED_PATH,) + key, [])],
+                  wrong=not err < 1e-2)
+
+
+def k5(ceil, ms, shapes=SHAPES, device="cuda", gen=None, timer=None, fed=FED):
+    """K5 over `shapes` (K, N) and token counts `ms`: a row each (k5_row), and a fed row each
+    for the shapes in `fed` (k5_fed_row). timer: seconds per call of a list of closures
+    (default: CUDA-graph replays cycling through them)."""
     rows, timer, gen = [], timer or bk.bench_rot, gen or bk.GEN
     for K, N in shapes:
         sets = _fp8_sets(K, N, bk.nsets(K * N + 4 * N) if device == "cuda" else 2, device, gen)
@@ -173,6 +205,8 @@ def k5(ceil, ms, shapes=SHAPES, device="cuda", gen=None, timer=None):
                  for _ in range(bk.nsets(2 * K * N) if device == "cuda" else 2)]
         for M in ms:
             rows.append(k5_row(K, N, M, sets, dense, ceil, timer, gen))
+            if (K, N) in fed:
+                rows.append(k5_fed_row(K, N, M, sets, ceil, timer, gen, rows[-1]["peer_us"] / 1e6))
         del sets, dense
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -5,7 +5,7 @@ Triton kernels take over on CUDA tensors (and on CPU tensors under
 TRITON_INTERPRET=1). Importing this package never touches CUDA.
 """
 from llm_kernels.dispatch import use_triton
-from llm_kernels.activation import gelu_tanh_and_mul, silu_and_mul
+from llm_kernels.activation import act_and_mul_quant, gelu_tanh_and_mul, silu_and_mul
 from llm_kernels.dense import dense_linear
 from llm_kernels.attention import paged_decode_attention, paged_prefill_attention
 from llm_kernels.w4a16 import W4A16Weight, awq_dequantize, awq_gemm, pack_awq_int4, unpack_awq_int4
@@ -16,7 +16,7 @@ from llm_kernels.lora import add_lora
 from llm_kernels.moe import AWQExperts, awq_experts_dequantize, fused_moe, fused_moe_awq, moe_align
 from llm_kernels.moe_gemm_kpack import KPackExperts, kpack_experts, kpack_fits
 from llm_kernels.moe_route import select_experts
-from llm_kernels.norm import fused_add_rms_norm, rms_norm
+from llm_kernels.norm import fused_add_rms_norm, fused_add_rms_norm_quant, rms_norm, rms_norm_quant
 from llm_kernels.rotary import rotary_embedding
 from llm_kernels.sampling import logits_summary
 from llm_kernels.token_mask import apply_token_bitmask
@@ -27,6 +27,7 @@ __all__ = [
     "KPackExperts",
     "kpack_experts",
     "kpack_fits",
+    "act_and_mul_quant",
     "add_lora",
     "awq_experts_dequantize",
     "fused_moe",
@@ -37,12 +38,14 @@ __all__ = [
     "awq_gemm",
     "dense_linear",
     "fused_add_rms_norm",
+    "fused_add_rms_norm_quant",
     "gelu_tanh_and_mul",
     "logits_summary",
     "pack_awq_int4",
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
+    "rms_norm_quant",
     "rotary_embedding",
     "select_experts",
     "silu_and_mul",

@@ -149,9 +149,10 @@ def ct_decompressed_reference(ct_dir: str, src: str) -> str:
     return _save(ref, src, dense, None)
 
 
-def fp8_block_checkpoint(src: str, dst: str, block: tuple[int, int] = (128, 128)) -> tuple[str, str]:
+def fp8_block_checkpoint(src: str, dst: str, block: tuple[int, int] | None = (128, 128)) -> tuple[str, str]:
     """A quant_method "fp8" checkpoint (e4m3 weights, weight_scale_inv per block, the
-    official Qwen3-FP8 layout) and its dense reference (the dequantized weights)."""
+    official Qwen3-FP8 layout; block None: one weight_scale a tensor, activations then
+    quantized per token) and its dense reference (the dequantized weights)."""
     from safetensors.torch import load_file
 
     ref = dst + "-ref"
@@ -159,10 +160,16 @@ def fp8_block_checkpoint(src: str, dst: str, block: tuple[int, int] = (128, 128)
         return dst, ref
     sd = load_file(os.path.join(src, "model.safetensors"))
     out, dense = dict(sd), dict(sd)
-    bn, bk = block
     for name in _linears(sd):
         w = sd[name].float()
         N, K = w.shape
+        if block is None:
+            scale = (w.abs().amax() / 448).clamp_min(1e-8).reshape(1)
+            q = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+            out[name], out[name[: -len("weight")] + "weight_scale"] = q, scale
+            dense[name] = q.float() * scale
+            continue
+        bn, bk = block
         pad = torch.zeros(-(-N // bn) * bn, -(-K // bk) * bk)
         pad[:N, :K] = w
         blocks = pad.reshape(pad.shape[0] // bn, bn, pad.shape[1] // bk, bk)
@@ -171,7 +178,9 @@ def fp8_block_checkpoint(src: str, dst: str, block: tuple[int, int] = (128, 128)
         q = (w / s_full).clamp(-448, 448).to(torch.float8_e4m3fn)
         out[name], out[name[: -len("weight")] + "weight_scale_inv"] = q, scale
         dense[name] = q.float() * s_full
-    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": list(block)}
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
+    if block is not None:
+        qc["weight_block_size"] = list(block)
     _save(dst, src, out, qc)
     _save(ref, src, dense, None)
     return dst, ref

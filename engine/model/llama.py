@@ -12,6 +12,7 @@ import llm_kernels
 from engine.distributed import SINGLE, TPGroup
 from engine.errors import UnsupportedModelError
 from engine.model.layers import Linear, PagedAttention, RMSNorm, VocabParallelEmbedding, make_linear, rope_cache
+from engine.model.layers.quantized_input import act_before, norm_before
 from engine.model.layers.rotary import rope_is_two_sided, rope_long_after
 from engine.model.spec import ModelSpec, TPSplit, partial_rotary_factor, rope_from_config
 
@@ -71,14 +72,14 @@ class MLP(nn.Module):
                  intermediate_size: int | None = None):
         super().__init__()
         i = intermediate_size or spec.intermediate_size
-        self.act = llm_kernels.gelu_tanh_and_mul if spec.extra.get("act") == "gelu_tanh" else llm_kernels.silu_and_mul
+        self.gelu = spec.extra.get("act") == "gelu_tanh"
         self.gate_up_proj = make_linear(spec.quant, prefix + "gate_up_proj", spec.hidden_size, [i, i], spec.mlp_bias,
                                         dtype, device, tp, "column")
         self.down_proj = make_linear(spec.quant, prefix + "down_proj", i, [spec.hidden_size], spec.mlp_bias, dtype,
                                      device, tp, "row")
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        return self.down_proj(act_before(self.gate_up_proj(x), self.gelu, self.down_proj))
 
 
 class DecoderLayer(nn.Module):
@@ -94,9 +95,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
 
     def forward(self, positions, x, residual, cos_sin):
-        x, residual = self.input_layernorm(x, residual)
+        # each norm may also quantize its output for an FP8 linear after it (norm_before)
+        x, residual = norm_before(self.input_layernorm, x, residual, getattr(self.self_attn, "qkv_proj", None))
         x = self.self_attn(positions, x, cos_sin)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = norm_before(self.post_attention_layernorm, x, residual, getattr(self.mlp, "gate_up_proj", None))
         return self.mlp(x), residual
 
 

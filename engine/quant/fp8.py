@@ -43,6 +43,7 @@ def create_fp8(scheme: FP8Scheme, layer, bias: bool, dtype, device) -> None:
     layer.register_buffer(scheme.scale_name, scale)
     layer.bias = nn.Parameter(torch.zeros(n, dtype=dtype, device=device), requires_grad=False) if bias else None
     layer.fp8 = None  # llm_kernels.fp8.FP8Weight (finalize_fp8)
+    layer.fp8_input = None  # the next call's input quantized by its producer (engine.model.layers.quantized_input)
     layer.dtype = dtype
 
 
@@ -92,7 +93,9 @@ def finalize_fp8(scheme: FP8Scheme, layer) -> None:
 
 
 def apply_fp8(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return fp8_linear(x, layer.fp8, bias)
+    """x W^T (+ bias); x's per-token quantization taken from the layer where its producer left it."""
+    xq, layer.fp8_input = layer.fp8_input, None
+    return fp8_linear(x, layer.fp8, bias, xq)
 
 
 @dataclass(frozen=True, slots=True)

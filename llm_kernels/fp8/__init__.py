@@ -7,8 +7,8 @@ dequantized weight on the CPU. `reference` holds the math they are checked again
 from llm_kernels.fp8.reference import (FP8, FP8_MAX, dequantize_fp8, fp8_qdq_per_token, per_token_scales,
                                        quantize_activations, quantize_fp8, scaled_mm_available, w8a16_reference)
 from llm_kernels.fp8.select import KERNELS, candidates
-from llm_kernels.fp8.weight import FP8Weight, dequantize, linear, plan, prepare
+from llm_kernels.fp8.weight import FP8Weight, dequantize, linear, plan, prepare, wants_quantized_input
 
 __all__ = ["FP8", "FP8_MAX", "FP8Weight", "KERNELS", "candidates", "dequantize", "dequantize_fp8",
            "fp8_qdq_per_token", "linear", "per_token_scales", "plan", "prepare", "quantize_activations",
-           "quantize_fp8", "scaled_mm_available", "w8a16_reference"]
+           "quantize_fp8", "scaled_mm_available", "w8a16_reference", "wants_quantized_input"]

@@ -49,6 +49,20 @@ def _e4m3_bits(v, NATIVE: tl.constexpr):
     return q
 
 
+@jit_helper
+def quantize_row(v, q_ptr, s_ptr, row, stride_q, cols, mask, EPS_: tl.constexpr, NATIVE: tl.constexpr):
+    """A whole row v (float32, zeros past the mask) quantized per token: s_ptr[row] = max(|v|) / 448
+    (EPS_ if 0), q_ptr[row, cols] = e4m3(clamp(v / s, +-448)). The one-pass tail of the
+    quantization kernel, and of the kernels that produce a GEMM's activations (RMSNorm,
+    SiLU/GELU-and-mul) when that GEMM takes them in e4m3: the same bytes as
+    quantize_per_token of the 16-bit output they store."""
+    s = tl.max(tl.abs(v), 0) / 448.0
+    s = tl.where(s == 0.0, EPS_, s)
+    tl.store(s_ptr + row, s)
+    v = tl.minimum(tl.maximum(tl.math.div_rn(v, s), -448.0), 448.0)
+    tl.store(q_ptr + row * stride_q + cols, _e4m3_bits(v, NATIVE), mask=mask)
+
+
 @lazy_jit(pdl=True)
 def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, EPS_: tl.constexpr, BLOCK_: tl.constexpr,
                   ONE_PASS: tl.constexpr, NATIVE: tl.constexpr, PDL: tl.constexpr = False):
@@ -61,11 +75,7 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, EPS_: tl.constexpr
     cols = tl.arange(0, BLOCK_)
     if ONE_PASS:
         v = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
-        s = tl.max(tl.abs(v), 0) / 448.0
-        s = tl.where(s == 0.0, EPS_, s)
-        tl.store(s_ptr + row, s)
-        v = tl.minimum(tl.maximum(tl.math.div_rn(v, s), -448.0), 448.0)
-        tl.store(q_ptr + row * stride_q + cols, _e4m3_bits(v, NATIVE), mask=cols < K)
+        quantize_row(v, q_ptr, s_ptr, row, stride_q, cols, cols < K, EPS_, NATIVE)
     else:
         amax = tl.zeros([BLOCK_], tl.float32)
         for k0 in range(0, K, BLOCK_):
@@ -116,6 +126,16 @@ def quantize_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor,
     return q, s
 
 
+def quantized_outputs(M: int, K: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (e4m3 [M, K], float32 scales [M, 1]) for a kernel that quantizes its rows (quantize_row)."""
+    return torch.empty(M, K, dtype=FP8, device=device), torch.empty(M, 1, dtype=torch.float32, device=device)
+
+
+def native_rounding(x: torch.Tensor) -> bool:
+    """Whether quantize_row may use the GPU's own e4m3 conversion for x's device (sm_89+)."""
+    return device_class(x) == CUDA_FP8  # cached per device: this runs before every W8A8 GEMM
+
+
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (16-bit or float32, unit stride along K) -> (e4m3 [M, K], float32 scales [M, 1])."""
     M, K = x.shape
@@ -124,9 +144,8 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_fp8(x.float(), s), s
     if x.stride(-1) != 1:
         x = x.contiguous()
-    q = torch.empty(M, K, dtype=FP8, device=x.device)
-    s = torch.empty(M, 1, dtype=torch.float32, device=x.device)
-    native = device_class(x) == CUDA_FP8  # cached per device: this runs before every W8A8 GEMM
+    q, s = quantized_outputs(M, K, x.device)
+    native = native_rounding(x)
     block = min(next_pow2(K), MAX_ROW)
     _quant_kernel[(M,)](x, q.view(torch.uint8), s, K, x.stride(0), q.stride(0), EPS_=EPS, BLOCK_=block,
                         ONE_PASS=K <= block, NATIVE=native, num_warps=min(16, max(4, block // 2048)))

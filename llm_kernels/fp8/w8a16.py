@@ -258,12 +258,13 @@ def split_parts(tiles: int, nkb: int, cfg: dict, device) -> tuple[int, int]:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cfg: dict,
-           bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, out: torch.Tensor | None = None, xq=None) -> torch.Tensor:
     """x [M, K] @ (weight [N, K] e4m3 * scale)^T (+ bias [N]) in x's dtype with one config of
     llm_kernels.fp8.configs. scale: float32 [N] per channel, or with block (bn, bk) float32
     [cdiv(N, bn), cdiv(K, bk)] (bn 1: a scale row per output row). A "w8a8" config first
     quantizes x per token (llm_kernels.fp8.act_quant: one launch; per token and scale block of
-    K with block scales), then multiplies e4m3 by e4m3."""
+    K with block scales), then multiplies e4m3 by e4m3; with xq (x's per-token quantization,
+    per-channel scales only: e4m3 [M, K], float32 [M, 1]) it takes that instead."""
     M, K = x.shape
     N = weight.shape[0]
     BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
@@ -273,7 +274,10 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block, cf
     if cfg.get("kind") == "w8a8":
         if block is not None and (K % block[1] or block[1] & (block[1] - 1)):
             raise ValueError(f"w8a8: K {K} is not a multiple of the scale block {block}, a power of two")
-        xk, xs = quantize_per_token(x) if block is None else quantize_per_token_group(x, block[1])
+        if xq is not None and block is None:
+            xk, xs = xq
+        else:
+            xk, xs = quantize_per_token(x) if block is None else quantize_per_token_group(x, block[1])
         # typed e4m3, not bytes: Triton then feeds both tiles from shared memory to the MMA as
         # loaded (a byte tile bitcast to e4m3 went through registers and back each K step)
         wk = weight

@@ -17,7 +17,7 @@ norm); the weight-only product is the nearer to the unquantized model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ TUNED_KERNEL = "fp8_w8a16"  # the tuner's name of the W8A16 kernel's configs
 TUNED_A8 = "fp8_w8a8"  # of the W8A8 kernel's
 TUNED_PATH = "fp8_linear"  # and of the choice between the kernels a step can run
 KIND_TO_KERNEL = {"w8a16": "w8a16", "w8a8": "w8a8", "scaled_mm": "scaled_mm", "dense": "dequant_matmul"}
+A8_KERNELS = ("w8a8", "scaled_mm")  # the kernels that take activations quantized per token
 
 
 @dataclass
@@ -43,7 +44,10 @@ class FP8Weight:
     BLOCK hold `weight` e4m3 [N, K] and `scale` float32: [N] per channel, or for BLOCK
     [cdiv(N, bn), cdiv(K, bk)] with `block` (bn, bk) (bn 1: one scale row per output row,
     where merged shards do not start on whole blocks). HOST holds `dense` [N, K] in the
-    model's dtype. `act`: "token", "group" (of `group` features) or None."""
+    model's dtype. `act`: "token", "group" (of `group` features) or None. `fed`: the kernel
+    that produces the layer's input can also quantize it per token in its own launch
+    (wants_quantized_input marks it): the choice between the kernels is then timed with W8A8's
+    activations quantized beforehand, and tuned apart from the same shape unfed."""
 
     layout: str
     in_features: int
@@ -54,6 +58,8 @@ class FP8Weight:
     scale: torch.Tensor | None = None
     block: tuple | None = None
     dense: torch.Tensor | None = None
+    fed: bool = False
+    wants: dict = field(default_factory=dict)  # token count -> wants_quantized_input's settled answer
 
 
 def default_layout(device: torch.device, K: int, N: int, act: str | None, block) -> str:
@@ -128,12 +134,40 @@ def dequantize(w: FP8Weight, dtype) -> torch.Tensor:
     return dequantize_fp8(w.weight, w.scale, w.block, torch.float32).to(dtype)
 
 
-def linear(x: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) -> [..., N] in x's dtype."""
+def wants_quantized_input(w: FP8Weight, x: torch.Tensor) -> bool:
+    """Called by the kernel producing the layer's next input (its token count and device
+    those of x, any width): whether the layer's kernel for that step takes the input quantized
+    per token to e4m3 (W8A8, cuBLAS FP8), which the producer then computes in its own launch
+    and passes to `linear` as xq. Marks the layer fed (FP8Weight.fed). Before the step's
+    choice is tuned: whether any of its candidates would take it."""
+    if w.layout != SCALED or w.act != "token" or x.dim() != 2:
+        return False
+    w.fed = True
+    if (settled := w.wants.get(x.shape[0])) is not None:  # (eager steps ask every call)
+        return settled
+    x2 = x.new_empty(1).expand(x.shape[0], w.in_features)  # the layer's input shape and device; no data read
+    names = _kernels(x2, w)
+    if not any(n in A8_KERNELS for n in names):
+        w.wants[x.shape[0]] = False
+        return False
+    name, _ = plan(x2, w)
+    if len(names) > 1 and chosen(TUNED_PATH, _path_key(x2, w)) is None:
+        return True  # not tuned yet: the tuning times W8A8 on a handed-over quantization
+    w.wants[x.shape[0]] = name in A8_KERNELS
+    return w.wants[x.shape[0]]
+
+
+def linear(x: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None,
+           xq: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) -> [..., N] in x's dtype. xq: x [M, K] quantized per token
+    (e4m3 [M, K], float32 scales [M, 1]) by the kernel that produced x (wants_quantized_input),
+    taken by a W8A8 step in place of quantizing x again."""
     lead, K = x.shape[:-1], x.shape[-1]
     if K != w.in_features:
         raise ValueError(f"fp8 linear: x has K={K}, the layer {w.in_features}")
     x2 = x.reshape(-1, K)
+    if xq is not None and xq[0].shape != x2.shape:
+        raise ValueError(f"fp8 linear: xq holds {tuple(xq[0].shape)} values, x {tuple(x2.shape)}")
     names = _kernels(x2, w)
     if names == ("dense",):
         return _host(x, w, bias)
@@ -141,7 +175,7 @@ def linear(x: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None) -> t
         y = quantize_activations(x2, w.act, w.group).float() @ dequantize(w, torch.float32).t()
         y = (y if bias is None else y + bias.float()).to(x.dtype)
     else:
-        y = _tuned(x2, w, names, bias)
+        y = _tuned(x2, w, names, bias, xq)
     return y.reshape(*lead, w.out_features)
 
 
@@ -168,18 +202,19 @@ def _host(x: torch.Tensor, w: FP8Weight, bias) -> torch.Tensor:
     return dense_linear(x, w.dense, bias)
 
 
-def _scaled_mm(x2: torch.Tensor, w: FP8Weight, bias) -> torch.Tensor:
-    xq, s = quantize_per_token(x2)
-    return torch._scaled_mm(xq, w.weight.t(), scale_a=s, scale_b=w.scale.view(1, -1), bias=bias,
+def _scaled_mm(x2: torch.Tensor, w: FP8Weight, bias, xq=None) -> torch.Tensor:
+    q, s = quantize_per_token(x2) if xq is None else xq
+    return torch._scaled_mm(q, w.weight.t(), scale_a=s, scale_b=w.scale.view(1, -1), bias=bias,
                             out_dtype=x2.dtype)
 
 
-def _run(x2: torch.Tensor, w: FP8Weight, cfg: dict, bias) -> torch.Tensor:
-    """One step on one config: the W8A16 or W8A8 kernel, torch._scaled_mm, or the dequantized weight."""
+def _run(x2: torch.Tensor, w: FP8Weight, cfg: dict, bias, xq=None) -> torch.Tensor:
+    """One step on one config: the W8A16 or W8A8 kernel, torch._scaled_mm, or the dequantized
+    weight; xq: x2 already quantized per token, for the W8A8 kinds."""
     if cfg["kind"] in ("w8a16", "w8a8"):
-        return w8a16.launch(x2, w.weight, w.scale, w.block, cfg, bias)
+        return w8a16.launch(x2, w.weight, w.scale, w.block, cfg, bias, xq=xq if cfg["kind"] == "w8a8" else None)
     if cfg["kind"] == "scaled_mm":
-        return _scaled_mm(x2, w, bias)
+        return _scaled_mm(x2, w, bias, xq)
     return F.linear(quantize_activations(x2, w.act, w.group), dequantize(w, x2.dtype), bias)
 
 
@@ -190,18 +225,24 @@ def plan(x2: torch.Tensor, w: FP8Weight) -> tuple[str, dict | None]:
     names = _kernels(x2, w)
     key = shape_key(M, w.out_features, K, w.layout, x2.dtype)
     name = names[0]
-    if len(names) > 1 and (picked := chosen(TUNED_PATH, key)) is not None:
+    if len(names) > 1 and (picked := chosen(TUNED_PATH, _path_key(x2, w))) is not None:
         name = KIND_TO_KERNEL[picked["kind"]]
     tuned = {"w8a16": TUNED_KERNEL, "w8a8": TUNED_A8}.get(name)
     return name, (chosen(tuned, key) if tuned else None)
 
 
-def _kernel_config(x2: torch.Tensor, w: FP8Weight, bias, key: tuple, a8: bool = False) -> dict:
+def _path_key(x2: torch.Tensor, w: FP8Weight) -> tuple:
+    """The choice between kernels is tuned per shape, and apart for a fed layer (FP8Weight.fed)."""
+    key = shape_key(x2.shape[0], w.out_features, x2.shape[1], w.layout, x2.dtype)
+    return key + ("fed",) if w.fed else key
+
+
+def _kernel_config(x2: torch.Tensor, w: FP8Weight, bias, key: tuple, a8: bool = False, xq=None) -> dict:
     """The W8A16 (or W8A8) kernel's config for this shape: its candidates timed once (checked against the first)."""
     bk = w.block[1] if w.block else 0
     configs = (lambda: w8a8_configs(x2.shape[0], x2.device, bk)) if a8 else \
         (lambda: w8a16_configs(x2.shape[0], x2.dtype, x2.device, bk))
-    return autotune(TUNED_A8 if a8 else TUNED_KERNEL, key, configs, lambda c: _run(x2, w, c, bias),
+    return autotune(TUNED_A8 if a8 else TUNED_KERNEL, key, configs, lambda c: _run(x2, w, c, bias, xq),
                     checked=(x2.dtype, w.layout), cold_l2_device=x2.device if x2.is_cuda else None)
 
 
@@ -212,18 +253,24 @@ def w8a16_tuned(x2: torch.Tensor, w: FP8Weight, bias: torch.Tensor | None = None
     return _run(x2, w, _kernel_config(x2, w, bias, key, a8), bias)
 
 
-def _tuned(x2: torch.Tensor, w: FP8Weight, names: tuple[str, ...], bias) -> torch.Tensor:
+def _tuned(x2: torch.Tensor, w: FP8Weight, names: tuple[str, ...], bias, xq=None) -> torch.Tensor:
     """The GPU layouts: each Triton kernel on its tuned config; where several kernels can run
     the step, the fastest, timed once per shape (without the agreement check, which the
-    products' different activation rounding would fail)."""
+    products' different activation rounding would fail). A fed layer's W8A8 kinds are timed
+    on x2 quantized beforehand, as its producer then hands it over (xq)."""
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, K = x2.shape
     if M == 0:
         return x2.new_empty(0, w.out_features)
     key = shape_key(M, w.out_features, K, w.layout, x2.dtype)
-    path = [_kernel_config(x2, w, bias, key, a8=name == "w8a8") if name in ("w8a16", "w8a8")
+    path_key = _path_key(x2, w)
+    timed_xq = xq
+    if timed_xq is None and w.fed and len(names) > 1 and chosen(TUNED_PATH, path_key) is None \
+            and any(n in A8_KERNELS for n in names):
+        timed_xq = quantize_per_token(x2)  # for the timings only: outside them, as in the fed model
+    path = [_kernel_config(x2, w, bias, key, a8=name == "w8a8", xq=timed_xq) if name in ("w8a16", "w8a8")
             else SCALED_MM if name == "scaled_mm" else DENSE for name in names]
-    cfg = path[0] if len(path) == 1 else autotune(TUNED_PATH, key, path, lambda c: _run(x2, w, c, bias),
+    cfg = path[0] if len(path) == 1 else autotune(TUNED_PATH, path_key, path, lambda c: _run(x2, w, c, bias, timed_xq),
                                                   cold_l2_device=x2.device if x2.is_cuda else None)
-    return _run(x2, w, cfg, bias)
+    return _run(x2, w, cfg, bias, xq)

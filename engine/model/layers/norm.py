@@ -20,6 +20,15 @@ class RMSNorm(nn.Module):
             return llm_kernels.rms_norm(x, self.weight, self.eps), x.clone()
         return llm_kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
+    def quantized(self, x, residual=None):
+        """forward(x, residual) and its output quantized per token in the same launch:
+        (normed x, residual, (e4m3 rows, float32 scales [M, 1]))."""
+        if residual is None:
+            out, q, s = llm_kernels.rms_norm_quant(x, self.weight, self.eps)
+            return out, x.clone(), (q, s)
+        out, residual, q, s = llm_kernels.fused_add_rms_norm_quant(x, residual, self.weight, self.eps)
+        return out, residual, (q, s)
+
     def plain(self, x):
         """The norm of x over its last dim (no residual): per-head q/k norms, Gemma's post norms."""
         return llm_kernels.rms_norm(x, self.weight, self.eps)
