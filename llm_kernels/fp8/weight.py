@@ -267,7 +267,7 @@ def _tuned(x2: torch.Tensor, w: FP8Weight, names: tuple[str, ...], bias, xq=None
     path_key = _path_key(x2, w)
     timed_xq = xq
     if timed_xq is None and w.fed and len(names) > 1 and chosen(TUNED_PATH, path_key) is None \
-            and any(n in A8_KERNELS for n in names):
+            and any(n in A8_KERNELS for n in names) and not (x2.is_cuda and torch.cuda.is_current_stream_capturing()):
         timed_xq = quantize_per_token(x2)  # for the timings only: outside them, as in the fed model
     path = [_kernel_config(x2, w, bias, key, a8=name == "w8a8", xq=timed_xq) if name in ("w8a16", "w8a8")
             else SCALED_MM if name == "scaled_mm" else DENSE for name in names]

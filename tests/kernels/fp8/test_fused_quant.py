@@ -115,17 +115,16 @@ def test_the_quantizing_kernels_compile_for_hopper_without_spills(which, quant):
 
 
 def check_compile(which: str, quant: bool) -> None:
-    from llm_kernels.activation import _act_and_mul_kernel
-    from llm_kernels.norm import _rms_norm_kernel
+    from llm_kernels import activation, norm
 
     if which == "norm":
-        lazy, warps = _rms_norm_kernel, 8
+        lazy, warps = norm._rms_norm_kernel, 8
         sig = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*u8",
                "s_ptr": "*fp32", "stride_x": "i32", "stride_r": "i32", "stride_o": "i32", "stride_q": "i32",
                "H": "i32", "eps": "fp32"}
         const = {"HAS_RESIDUAL": True, "BLOCK": 4096}
     else:
-        lazy, warps = _act_and_mul_kernel, 32
+        lazy, warps = activation._act_and_mul_kernel, 32
         sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp32", "stride_x": "i32",
                "stride_o": "i32", "stride_q": "i32", "I": "i32"}
         const = {"BLOCK": 32768, "GELU": False}

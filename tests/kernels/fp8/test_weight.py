@@ -12,6 +12,7 @@ from llm_kernels import dispatch
 from llm_kernels.dense import dense_linear
 from llm_kernels.fp8 import FP8, dequantize_fp8, fp8_qdq_per_token, linear, plan, prepare, w8a16_reference
 from llm_kernels.fp8 import weight as fp8_weight
+from llm_kernels.fp8.configs import shape_key
 from llm_kernels.fp8.select import BLOCK, CHANNEL, HOST, SCALED
 
 
@@ -91,8 +92,9 @@ def test_tuner_times_every_path_without_the_agreement_check(fake_gpu, monkeypatc
     activation's rounding (5% here); the fastest is taken though it disagrees."""
     gpu = fake_gpu({"w8a16": 20e-6, "w8a8": 8e-6 if fastest == "w8a8" else 12e-6, "scaled_mm": 10e-6})
 
-    def run(x2, w, cfg, bias):
+    def run(x2, w, cfg, bias, xq=None):
         gpu.log.append(cfg["kind"])
+        assert xq is None  # an unfed layer: every kind times its own activation pass
         return torch.full((4,), 1.0 if cfg["kind"] == "w8a16" else 1.05)
 
     monkeypatch.setattr(fp8_weight, "device_class", lambda x: "cuda-fp8")
@@ -106,6 +108,35 @@ def test_tuner_times_every_path_without_the_agreement_check(fake_gpu, monkeypatc
     assert sorted(c["kind"] for c in timed) == ["scaled_mm", "w8a16", "w8a8"]
     kernel, cfg = fp8_weight.plan(x, p)
     assert kernel == fastest and (cfg is None) == (fastest == "scaled_mm")
+
+
+def test_a_fed_layer_times_the_fp8_gemms_on_a_handed_over_input_and_tunes_apart(fake_gpu, monkeypatch, rng):
+    """A fed layer (its producer quantizes its input): W8A8 and cuBLAS FP8 are timed on x
+    quantized once beforehand, as the model hands it over, the weight-only kernel on x; the
+    choice is stored under the fed key, the unfed shape left untuned."""
+    gpu = fake_gpu({"w8a16": 20e-6, "w8a8": 12e-6, "scaled_mm": 10e-6})
+    handed = []
+
+    def run(x2, w, cfg, bias, xq=None):
+        gpu.log.append(cfg["kind"])
+        handed.append((cfg["kind"], xq is not None))
+        return torch.full((4,), 1.0 if cfg["kind"] == "w8a16" else 1.05)
+
+    monkeypatch.setattr(fp8_weight, "device_class", lambda x: "cuda-fp8")
+    monkeypatch.setattr(fp8_weight, "_run", run)
+    q, s = channel_layer(rng, 64 + int(rng.initial_seed() % 1000) * 16, 64)  # a shape of its own
+    p = prepare(q, s, torch.bfloat16, layout=SCALED)
+    x = torch.randn(32, 64, generator=rng).to(torch.bfloat16)
+    assert fp8_weight.wants_quantized_input(p, x) and p.fed  # untuned: any of its kernels may take it
+    fp8_weight._tuned(x, p, ("w8a16", "w8a8", "scaled_mm"), None)
+    *timings, last = handed
+    assert {kind for kind, _ in timings} == {"w8a16", "w8a8", "scaled_mm"}
+    assert all(got for kind, got in timings if kind != "w8a16")  # (the weight-only kernel reads x itself)
+    assert last == ("scaled_mm", False)  # the call itself, handed nothing: it quantizes x as before
+    assert fp8_weight.plan(x, p)[0] == "scaled_mm" and fp8_weight.wants_quantized_input(p, x)
+    key = shape_key(32, p.out_features, 64, SCALED, x.dtype)
+    assert dispatch.chosen(fp8_weight.TUNED_PATH, key + ("fed",)) is not None
+    assert dispatch.chosen(fp8_weight.TUNED_PATH, key) is None
 
 
 @pytest.mark.parametrize("act,w8a8", [("group", True), (None, False)])
