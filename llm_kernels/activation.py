@@ -66,8 +66,8 @@ def _act_and_mul(x: torch.Tensor, gelu: bool, quant: bool = False):
     else:
         block, warps, q, s = min(1024, next_pow2(inter)), 4, out, out  # (stand-ins, never touched)
     _act_and_mul_kernel[(x2.shape[0], (inter + block - 1) // block)](
-        x2, out, q.view(torch.uint8) if quant else q, s, x2.stride(0), out.stride(0), q.stride(0), inter, BLOCK=block, GELU=gelu, QUANT=quant,
-        EPS_=EPS if quant else 0.0, NATIVE=quant and native_rounding(x), num_warps=warps,
+        x2, out, q.view(torch.uint8) if quant else q, s, x2.stride(0), out.stride(0), q.stride(0), inter,
+        BLOCK=block, GELU=gelu, QUANT=quant, EPS_=EPS if quant else 0.0, NATIVE=quant and native_rounding(x), num_warps=warps,
     )
     out = out.view(*x.shape[:-1], inter)
     return (out, q, s) if quant else out

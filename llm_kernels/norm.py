@@ -67,7 +67,8 @@ def _launch(x, residual, weight, eps, quant=False):
     warps = 4 if block <= 1024 else 8
     q, s = quantized_outputs(x2.shape[0], H, x.device) if quant else (out, out)  # (stand-ins, never touched)
     _rms_norm_kernel[(x2.shape[0],)](
-        x2, r2, weight, out, q.view(torch.uint8) if quant else q, s, x2.stride(0), r2.stride(0), out.stride(0), q.stride(0), H, float(eps),
+        x2, r2, weight, out, q.view(torch.uint8) if quant else q, s,
+        x2.stride(0), r2.stride(0), out.stride(0), q.stride(0), H, float(eps),
         HAS_RESIDUAL=residual is not None, BLOCK=block, QUANT=quant, EPS_=EPS if quant else 0.0,
         NATIVE=quant and native_rounding(x), num_warps=warps,
     )

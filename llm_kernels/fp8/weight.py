@@ -150,10 +150,9 @@ def wants_quantized_input(w: FP8Weight, x: torch.Tensor) -> bool:
     if not any(n in A8_KERNELS for n in names):
         w.wants[x.shape[0]] = False
         return False
-    name, _ = plan(x2, w)
     if len(names) > 1 and chosen(TUNED_PATH, _path_key(x2, w)) is None:
         return True  # not tuned yet: the tuning times W8A8 on a handed-over quantization
-    w.wants[x.shape[0]] = name in A8_KERNELS
+    w.wants[x.shape[0]] = plan(x2, w)[0] in A8_KERNELS
     return w.wants[x.shape[0]]
 
 
