@@ -94,7 +94,7 @@ def run(args, graph_tokens: int, bw, peak) -> dict:
     replays0 = runner.mixed.replays if runner.mixed else 0
     res = asyncio.run(load_run(engine, args, args.output_len, f"timed{graph_tokens}"))
     res.update(load_s=load_s, max_cudagraph_tokens=graph_tokens, budget=args.budget,
-               mixed_graphs=sorted(runner.mixed.graphs) if runner.mixed else [],
+               mixed_graphs=runner.mixed.sizes if runner.mixed else [],
                mixed_capture_s=runner.mixed.capture_seconds if runner.mixed else 0.0,
                mixed_graph_replays=(runner.mixed.replays if runner.mixed else 0) - replays0,
                floor_s=floor_seconds(args, bw, peak), steps=(engine.stats().get("num_steps") or 0) - (steps0 or 0))

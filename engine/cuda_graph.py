@@ -4,7 +4,12 @@ max_num_seqs, sharing one memory pool, over persistent device input buffers.
 A decode step of n sequences replays the smallest graph of at least n rows;
 the rows past n are padding (KV slot -1, context length 0: no write, no
 read). The host fills pinned buffers and copies them into the persistent
-inputs asynchronously, so a replay never waits for the GPU."""
+inputs asynchronously, so a replay never waits for the GPU.
+
+With adapters enabled (engine.lora) each batch size has two graphs: one with the LoRA
+kernels, for steps where some sequence uses an adapter, and one without, for steps of base
+model requests only, which would otherwise launch every linear's LoRA kernels to find no
+adapter row (as vLLM's cudagraph_specialize_lora)."""
 from __future__ import annotations
 
 import logging
@@ -43,18 +48,19 @@ class DecodeGraphs:
         self.tables = torch.zeros(self.max_batch, W, dtype=torch.int32, device=dev)
         # each row's adapter slot (engine.lora), an input of every graph when adapters are enabled
         self.lora = torch.full((self.max_batch,), -1, dtype=torch.int32, device=dev) if lora else None
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.variants = (True, False) if lora else (False,)  # with the LoRA kernels or without
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None  # the graphs' memory pool (engine.mixed_graphs captures into it too)
         self.capture_seconds = 0.0
 
-    def _context(self, bs: int) -> ForwardContext:
+    def _context(self, bs: int, adapters: bool) -> ForwardContext:
         return ForwardContext(slot_mapping=self.slots[:bs], block_tables=self.tables[:bs],
                               context_lens=self.ctx[:bs], query_start_loc=self.qsl[: bs + 1],
-                              is_decode=True, lora_slots=self.lora[:bs] if self.lora is not None else None)
+                              is_decode=True, lora_slots=self.lora[:bs] if adapters else None)
 
-    def _forward(self, bs: int) -> torch.Tensor:
+    def _forward(self, bs: int, adapters: bool = False) -> torch.Tensor:
         model = self.model
-        with forward_context(self._context(bs)):
+        with forward_context(self._context(bs, adapters)):
             return model.compute_logits(model(self.ids[:bs], self.pos[:bs]))
 
     @torch.inference_mode()
@@ -65,16 +71,17 @@ class DecodeGraphs:
         pool = self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
-            self._forward(bs)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = self._forward(bs)
-            self.graphs[bs] = (graph, out)
+            for adapters in self.variants:
+                self._forward(bs, adapters)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self._forward(bs, adapters)
+                self.graphs[bs, adapters] = (graph, out)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.monotonic() - t0
-        log.info("captured %d decode CUDA graphs (batch %d..%d) in %.1fs", len(self.sizes), self.sizes[0],
-                 self.max_batch, self.capture_seconds)
+        log.info("captured %d decode CUDA graphs (batch %d..%d%s) in %.1fs", len(self.graphs), self.sizes[0],
+                 self.max_batch, ", with and without adapters" if len(self.variants) > 1 else "", self.capture_seconds)
 
     def can_run(self, scheduled) -> bool:
         return len(scheduled) <= self.max_batch and all(n == 1 for _, n in scheduled)
@@ -83,19 +90,21 @@ class DecodeGraphs:
         """The batch of the graph that runs a decode step of n sequences."""
         return next(b for b in self.sizes if b >= n)
 
-    def copy_inputs(self, host, bs: int, cols: int) -> None:
+    def copy_inputs(self, host, bs: int, cols: int, adapters: bool = False) -> None:
         """Copy (asynchronously) a decode step's inputs into the persistent ones: `host`
-        (engine.runner.HostBuffers) holds them for bs rows and cols block-table columns."""
+        (engine.runner.HostBuffers) holds them for bs rows and cols block-table columns;
+        adapters: some row uses one (its graph reads the rows' slots)."""
         self.ids[:bs].copy_(host.ids_t[:bs], non_blocking=True)
         self.pos[:bs].copy_(host.pos_t[:bs], non_blocking=True)
         self.slots[:bs].copy_(host.slots_t[:bs], non_blocking=True)
         self.ctx[:bs].copy_(host.ctx_t[:bs], non_blocking=True)
         self.tables[:bs, :cols].copy_(host.table_t[: bs * cols].view(bs, cols), non_blocking=True)
-        if self.lora is not None:
+        if adapters:
             self.lora[:bs].copy_(host.lora_t[:bs], non_blocking=True)
 
-    def replay(self, bs: int) -> torch.Tensor:
-        """Logits [bs, vocab] of the copied-in step (a view of the graph's output)."""
-        graph, out = self.graphs[bs]
+    def replay(self, bs: int, adapters: bool = False) -> torch.Tensor:
+        """Logits [bs, vocab] of the copied-in step (a view of the graph's output), from the
+        graph with the LoRA kernels when adapters."""
+        graph, out = self.graphs[bs, adapters]
         graph.replay()
         return out

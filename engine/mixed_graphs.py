@@ -13,7 +13,9 @@ graph serves any split of its tokens into sequences.
 
 Larger steps run eagerly: at thousands of tokens a step is compute-bound and its
 launches hide under the GEMMs, while the padding to a coarse ladder would not.
-Graphs share the decode graphs' memory pool (a step replays one graph at a time)."""
+Graphs share the decode graphs' memory pool (a step replays one graph at a time). With
+adapters enabled each token count has a graph with the LoRA kernels and one without, as
+engine.cuda_graph's decode graphs."""
 from __future__ import annotations
 
 import logging
@@ -51,14 +53,14 @@ class MixedGraphs:
         self.qsl = torch.zeros(S + 1, dtype=torch.int32, device=dev)
         self.tables = torch.zeros(S, table_width, dtype=torch.int32, device=dev)
         self.lora = torch.full((T,), -1, dtype=torch.int32, device=dev) if lora else None  # tokens' adapter slots
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.variants = (True, False) if lora else (False,)  # with the LoRA kernels or without
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
         self.replays = 0  # steps run by a graph here
 
-    def _forward(self, tb: int) -> torch.Tensor:
+    def _forward(self, tb: int, adapters: bool = False) -> torch.Tensor:
         ctx = ForwardContext(slot_mapping=self.slots[:tb], block_tables=self.tables, context_lens=self.ctx,
-                             query_start_loc=self.qsl, is_decode=False,
-                             lora_slots=self.lora[:tb] if self.lora is not None else None)
+                             query_start_loc=self.qsl, is_decode=False, lora_slots=self.lora[:tb] if adapters else None)
         with forward_context(ctx):
             return self.model(self.ids[:tb], self.pos[:tb])
 
@@ -83,16 +85,17 @@ class MixedGraphs:
         stream = torch.cuda.Stream(self.device)
         for tb in reversed(self.sizes):
             self._dummy_inputs(tb)
-            self._forward(tb)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = self._forward(tb)
-            self.graphs[tb] = (graph, out)
+            for adapters in self.variants:
+                self._forward(tb, adapters)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self._forward(tb, adapters)
+                self.graphs[tb, adapters] = (graph, out)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.monotonic() - t0
-        log.info("captured %d mixed-step CUDA graphs (%d..%d tokens) in %.1fs", len(self.sizes), self.sizes[0],
-                 self.max_tokens, self.capture_seconds)
+        log.info("captured %d mixed-step CUDA graphs (%d..%d tokens%s) in %.1fs", len(self.graphs), self.sizes[0],
+                 self.max_tokens, ", with and without adapters" if len(self.variants) > 1 else "", self.capture_seconds)
 
     def can_run(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_tokens and num_seqs < self.slots_n
@@ -101,10 +104,11 @@ class MixedGraphs:
         """The token count of the graph that runs a step of n tokens."""
         return next(t for t in self.sizes if t >= n)
 
-    def copy_inputs(self, host, tokens: int, tb: int, n_seqs: int, cols: int) -> None:
+    def copy_inputs(self, host, tokens: int, tb: int, n_seqs: int, cols: int, adapters: bool = False) -> None:
         """Pad a step's host inputs (engine.runner.HostBuffers: tokens tokens in n_seqs
         sequences, cols block-table columns) to tb tokens and every sequence slot, then
-        copy them (asynchronously) into the persistent inputs."""
+        copy them (asynchronously) into the persistent inputs (the tokens' adapter slots
+        when adapters: some token uses one)."""
         S = self.slots_n
         host.ids[tokens:tb] = 0
         host.pos[tokens:tb] = 0
@@ -118,13 +122,14 @@ class MixedGraphs:
         self.ctx.copy_(host.ctx_t[:S], non_blocking=True)
         self.qsl.copy_(host.qsl_t[: S + 1], non_blocking=True)
         self.tables[:n_seqs, :cols].copy_(host.table_t[: n_seqs * cols].view(n_seqs, cols), non_blocking=True)
-        if self.lora is not None:
+        if adapters:
             host.lora[tokens:tb] = -1
             self.lora[:tb].copy_(host.lora_t[:tb], non_blocking=True)
 
-    def replay(self, tb: int) -> torch.Tensor:
-        """The hidden states [tb, hidden] of the copied-in step (a view of the graph's output)."""
-        graph, out = self.graphs[tb]
+    def replay(self, tb: int, adapters: bool = False) -> torch.Tensor:
+        """The hidden states [tb, hidden] of the copied-in step (a view of the graph's output),
+        from the graph with the LoRA kernels when adapters."""
+        graph, out = self.graphs[tb, adapters]
         graph.replay()
         self.replays += 1
         return out

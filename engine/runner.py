@@ -236,6 +236,11 @@ class ModelRunner:
         h.rows[: len(sample_rows)] = sample_rows
         return n, n, cols, sample_rows, 1
 
+    def uses_adapters(self, scheduled: list[tuple[Sequence, int]]) -> bool:
+        """Some sequence of the step uses an adapter: its forward runs the LoRA kernels (a
+        step of base model requests only skips them, eager or from a graph without them)."""
+        return self.lora and any(seq.lora_slot >= 0 for seq, _ in scheduled)
+
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
             return t.clone()
@@ -254,7 +259,7 @@ class ModelRunner:
             context_lens=self._to_device(h.ctx_t[:n_seqs]),
             query_start_loc=self._to_device(h.qsl_t[: n_seqs + 1]),
             is_decode=max_q == 1,
-            lora_slots=self._to_device(h.lora_t[:tokens]) if self.lora else None,
+            lora_slots=self._to_device(h.lora_t[:tokens]) if self.uses_adapters(scheduled) else None,
         )
         ids = self._to_device(h.ids_t[:tokens])
         pos = self._to_device(h.pos_t[:tokens])
@@ -277,22 +282,23 @@ class ModelRunner:
         the rows of `prompt_rows` (prompt_logprobs): (scheduled index, offset in its chunk, count).
         input_ids: a decode step's token ids on the device (the previous step's samples, not
         yet on the host), in place of the sequences' own."""
+        adapters = self.uses_adapters(scheduled)
         if self.graphs is not None and not prompt_rows and self.graphs.can_run(scheduled):
             bs = self.graphs.padded_size(len(scheduled))
             _, _, cols, _, _ = self.fill_host(scheduled, pad_to=bs)
-            self.graphs.copy_inputs(self.host, bs, cols)
+            self.graphs.copy_inputs(self.host, bs, cols, adapters)
             if input_ids is not None:  # queued after the copies and the sampling that made them
                 self.graphs.ids[: len(scheduled)].copy_(input_ids)
             self.mark_copied()
-            return self.graphs.replay(bs)[: len(scheduled)]  # the model's dtype; valid until the next step
+            return self.graphs.replay(bs, adapters)[: len(scheduled)]  # the model's dtype; valid until the next step
         tokens = sum(n for _, n in scheduled)
         if self.mixed is not None and input_ids is None and self.mixed.can_run(tokens, len(scheduled)):
             _, n_seqs, cols, rows, _ = self.fill_host(scheduled)
             tb = self.mixed.padded_tokens(tokens)
-            self.mixed.copy_inputs(self.host, tokens, tb, n_seqs, cols)
+            self.mixed.copy_inputs(self.host, tokens, tb, n_seqs, cols, adapters)
             rows_t = self._to_device(self.host.rows_t[: len(rows)])
             self.mark_copied()
-            return self._logits(self.mixed.replay(tb), rows_t, scheduled, prompt_rows)
+            return self._logits(self.mixed.replay(tb, adapters), rows_t, scheduled, prompt_rows)
         ids, pos, ctx, rows_t = self.prepare(scheduled)
         if input_ids is not None:
             assert ctx.is_decode and len(input_ids) == len(scheduled)
@@ -323,6 +329,7 @@ class ModelRunner:
 
         for i, n in enumerate(lens):
             seq = Sequence(f"profile-{i}", None, [1] * n, SamplingParams(max_tokens=1), 1)
+            seq.lora_slot = 0 if self.lora else -1  # with adapters: their kernels' memory is counted too
             nb = -(-n // self.block_size)
             seq.block_table = list(range(block, block + nb))
             block += nb

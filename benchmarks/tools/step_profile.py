@@ -94,7 +94,7 @@ def step_profile(llm_engine, concurrency: int, prompt_len: int, vocab: int, step
     graphs = eng.runner.graphs
     if graphs is not None:
         bs = graphs.padded_size(concurrency)
-        graph = graphs.graphs[bs][0]
+        graph = graphs.graphs[bs, False][0]  # its requests use no adapter
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(10):

@@ -21,14 +21,14 @@ class EagerReplay(MixedGraphs):
         super().__init__(*a, **k)
         self.steps = []  # (tokens of the graph, tokens of the step)
 
-    def copy_inputs(self, host, tokens, tb, n_seqs, cols):
+    def copy_inputs(self, host, tokens, tb, n_seqs, cols, adapters=False):
         self.steps.append((tb, tokens))
         self.tables[n_seqs:] = 3  # rows past the step's are stale: any real block id
-        super().copy_inputs(host, tokens, tb, n_seqs, cols)
+        super().copy_inputs(host, tokens, tb, n_seqs, cols, adapters)
 
-    def replay(self, tb):
+    def replay(self, tb, adapters=False):
         self.replays += 1
-        return self._forward(tb)
+        return self._forward(tb, adapters)
 
 
 def test_token_ladder():

@@ -1,7 +1,8 @@
 """Adapters in the engine on CUDA: requests of three adapters and of the base model share steps
 replayed from CUDA graphs (decode and mixed), two slots for three adapters (a slot rewritten
 between replays); each request's tokens are its merged model's greedy choices (transformers,
-float32, teacher-forced), logprobs within 2e-3."""
+float32, teacher-forced), logprobs within 2e-3. Steps with an adapter's rows replay the graphs
+with the LoRA kernels, steps of base model requests only the graphs without."""
 import random
 
 import torch
@@ -33,12 +34,21 @@ def test_adapters_in_cuda_graphs_match_their_merged_models(tmp_path):
               num_kv_blocks=512, max_num_batched_tokens=256)
     runner = llm.engine.runner
     assert runner.graphs is not None and runner.mixed is not None
+    replayed = []  # (decode or mixed, with adapters) a replay
+    for kind, graphs in (("decode", runner.graphs), ("mixed", runner.mixed)):
+        def recorded(size, adapters=False, _replay=graphs.replay, _kind=kind):
+            replayed.append((_kind, adapters))
+            return _replay(size, adapters)
+        graphs.replay = recorded
     rng = random.Random(0)
     prompts = [[rng.randrange(5, 400) for _ in range(n)] for n in (1, 9, 17, 50, 130, 3, 40, 77)]
     which = [loras[i % 4] for i in range(len(prompts))]
+    # the base model's last request outlives the others: its decode steps run alone
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0), lora_request=which)
+                        [SamplingParams(max_tokens=40 if i == 7 else 16, temperature=0, ignore_eos=True, logprobs=0)
+                         for i in range(len(prompts))], lora_request=which)
     assert runner.mixed.replays > 0
+    assert {("decode", True), ("decode", False), ("mixed", True)} <= set(replayed), set(replayed)
     for prompt, lora, out in zip(prompts, which, outs):
         gen = out.outputs[0].token_ids
         ref = _hf_logprobs(merged[lora.lora_int_id - 1] if lora else base, prompt, gen)
