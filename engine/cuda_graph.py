@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import torch
 
@@ -27,6 +28,17 @@ def batch_ladder(max_num_seqs: int) -> list[int]:
     sizes = [b for b in (1, 2, 4) if b < max_num_seqs]
     sizes += list(range(8, max_num_seqs, 8))
     return sizes + [max_num_seqs]
+
+
+def warm_and_capture(forward, device, pool, stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """forward() run once eagerly (its kernels compile and tune outside the capture), then
+    captured into a graph of the pool: (the graph, its output)."""
+    forward()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        out = forward()
+    return graph, out
 
 
 class DecodeGraphs:
@@ -72,12 +84,8 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):
             for adapters in self.variants:
-                self._forward(bs, adapters)
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self._forward(bs, adapters)
-                self.graphs[bs, adapters] = (graph, out)
+                self.graphs[bs, adapters] = warm_and_capture(partial(self._forward, bs, adapters), self.device, pool,
+                                                             stream)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.monotonic() - t0
         log.info("captured %d decode CUDA graphs (batch %d..%d%s) in %.1fs", len(self.graphs), self.sizes[0],

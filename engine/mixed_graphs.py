@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import torch
 
+from engine.cuda_graph import warm_and_capture
 from engine.model.layers import ForwardContext, forward_context
 
 log = logging.getLogger(__name__)
@@ -86,12 +88,8 @@ class MixedGraphs:
         for tb in reversed(self.sizes):
             self._dummy_inputs(tb)
             for adapters in self.variants:
-                self._forward(tb, adapters)
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self._forward(tb, adapters)
-                self.graphs[tb, adapters] = (graph, out)
+                self.graphs[tb, adapters] = warm_and_capture(partial(self._forward, tb, adapters), self.device,
+                                                             pool, stream)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.monotonic() - t0
         log.info("captured %d mixed-step CUDA graphs (%d..%d tokens%s) in %.1fs", len(self.graphs), self.sizes[0],
