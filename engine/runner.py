@@ -336,6 +336,10 @@ class ModelRunner:
             seqs.append((seq, n))
         torch.cuda.synchronize(self.device)
         self.allocate_kv_cache(block)
+        # a first forward compiles and tunes the step's kernels: what the tuner allocates to
+        # time its candidates (outputs, workspaces, their graphs' pools) is not the step's peak
+        self.execute(seqs)
+        torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         logits = self.execute(seqs)

@@ -2,7 +2,9 @@
 replayed from CUDA graphs (decode and mixed), two slots for three adapters (a slot rewritten
 between replays); each request's tokens are its merged model's greedy choices (transformers,
 float32, teacher-forced), logprobs within 2e-3. Steps with an adapter's rows replay the graphs
-with the LoRA kernels, steps of base model requests only the graphs without."""
+with the LoRA kernels, steps of base model requests only the graphs without. The memory
+profile that sizes the KV cache leaves out what the tuner allocates."""
+import gc
 import random
 
 import torch
@@ -58,3 +60,23 @@ def test_adapters_in_cuda_graphs_match_their_merged_models(tmp_path):
         assert err < 2e-3, (lora and lora.lora_name, err)
     stats = llm.engine.stats()
     assert stats["lora_evictions"] >= 1 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_the_memory_profile_leaves_out_what_tuning_allocates(tmp_path, monkeypatch):
+    """The KV cache is sized from a profiled full-budget step. The first engine of a process with
+    an empty tuner cache tunes that step's kernels (the LoRA expand's timing output at 8,192
+    tokens alone is the size of gate/up's output); its profiled peak is the second engine's,
+    which tunes nothing."""
+    monkeypatch.setenv("LLM_KERNELS_CACHE_DIR", str(tmp_path / "tuner"))
+    shapes = dict(hidden_size=640, intermediate_size=2560, num_hidden_layers=2, num_attention_heads=10,
+                  num_key_value_heads=2)  # sizes no other test tunes in this process
+    base = models.make_checkpoint(str(tmp_path / "base"), "llama", seed=5, **shapes)
+    peaks = []
+    for _ in range(2):
+        llm = LLM(base, device="cuda", dtype="bfloat16", enable_lora=True, max_loras=2, max_lora_rank=16,
+                  max_num_seqs=8, max_num_batched_tokens=8192, gpu_memory_utilization=0.5)
+        peaks.append(llm.engine.memory["activation_peak_bytes"])
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    assert abs(peaks[0] - peaks[1]) <= 0.02 * peaks[1], peaks
