@@ -11,7 +11,9 @@ returned without waiting could let the grid finish before the kernel it depends 
 kernels wait at their top, so the next kernel may start once every program of this one has).
 The launch then adds PDL=True and launch_pdl=True on GPUs of
 compute capability 9.0 and above (pdl_on); elsewhere, and in the interpreter, PDL stays False
-and the two instructions are compiled out."""
+and the two instructions are compiled out. The LoRA kernels wait later (llm_kernels.lora.kernels):
+they read before the wait only what kernels two launches back wrote, and release the next
+kernel only after it."""
 import os
 
 import torch

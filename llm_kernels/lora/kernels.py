@@ -39,6 +39,15 @@ Qwen2.5-7B's gate_up). What is fused: the split-K reduction into the shrink, the
 into the expand. Half-precision dots take y rounded to the weights' dtype (tensor cores,
 float32 accumulation); FP32 runs float32 dots (ieee), which the interpreter also uses for bf16
 (its bf16 dot is broken).
+
+PDL (llm_kernels.pdl): these kernels wait late. A linear's LoRA runs as its base GEMM, then
+the shrink, then the expand, and each kernel lets the next start only after its own wait, so
+a kernel's programs start once the kernel two launches back has completed. What was written
+that far back is read before the wait: the shrink's x (the linear's input), a and slots, so
+its whole K loop runs while the GEMM finishes, and the expand's slots, rows of out (the GEMM's
+output) and b. y, the shrink's output, is read after the wait, and every store and every
+program's end comes after it (a grid must not end before the kernel it depends on). The next
+kernel is released only after the wait, which keeps the same promise for it.
 """
 import torch
 import triton.language as tl
@@ -80,6 +89,15 @@ def _skip_slots(sl, s, n):
     return s
 
 
+@jit_helper
+def wait_then_release(PDL: tl.constexpr):
+    """The late wait of the LoRA kernels (module docstring, "PDL"): wait for the previous
+    kernel, then let the next one start, never the other way round."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 # T (the step's tokens) is not specialised: a prefill of any length runs the kernel compiled at start-up,
 # where a new divisibility by 16 would compile (and stall the step) mid-serving
 @lazy_jit(pdl=True, do_not_specialize=["T"])
@@ -90,10 +108,8 @@ def _shrink_kernel(
     FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """y[t, :] = x[t] @ a[slots[t]]^T in float32 (BLOCK_R columns, zero past R) for the rows of
-    one token tile whose slots are this program's group; y is [T, BLOCK_R]."""
-    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
-        gdc_wait()
-        gdc_launch_dependents()
+    one token tile whose slots are this program's group; y is [T, BLOCK_R]. Everything but
+    the stores runs before the PDL wait: x, a and slots are written two launches back or more."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_g = tl.program_id(2)
@@ -101,8 +117,9 @@ def _shrink_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = tile_slots(slots_ptr, rm, T, S)
     s = _skip_slots(sl, _next_slot(sl, -1), pid_g)
-    if s == NONE:
-        return  # the tile has no slot for this group (every split of it returns alike)
+    if s == NONE:  # the tile has no slot for this group (every split of it returns alike)
+        wait_then_release(PDL)  # a program waits before it ends: the grid ends after its dependency
+        return
     rr = tl.arange(0, BLOCK_R)
     rk = tl.arange(0, BLOCK_K)
     k_begin = pid_k * k_per_split
@@ -121,6 +138,7 @@ def _shrink_kernel(
             at = tl.load(a_s + k0, mask=kmask[:, None] & (rr < R)[None, :], other=0.0)  # [BLOCK_K, BLOCK_R]
             acc = dot_acc(acc, xt, at, FP32)
         s = _skip_slots(sl, s, groups)
+    wait_then_release(PDL)  # the stores: after the wait
     finish_shrink(acc, y_ptr, rm, owned, ws_ptr, cnt_ptr, pid_m * groups + pid_g, pid_k, tl.num_programs(1),
                   BLOCK_M, BLOCK_R, SPLIT_P2)
 
@@ -173,10 +191,9 @@ def _expand_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t, n tile] += y[t, slice's R columns] @ b[slots[t]][n tile]^T for the rows of one
-    token tile whose slots are this program's group."""
-    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
-        gdc_wait()
-        gdc_launch_dependents()
+    token tile whose slots are this program's group. The slots and the rows of out (written
+    two launches back or more) load before the PDL wait, y (the shrink's, the launch before)
+    after it."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_g = tl.program_id(2)
@@ -184,8 +201,9 @@ def _expand_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = tile_slots(slots_ptr, rm, T, S)
     first = _skip_slots(sl, _next_slot(sl, -1), pid_g)
-    if first == NONE:
-        return  # no row of this tile has a slot of this group
+    if first == NONE:  # no row of this tile has a slot of this group
+        wait_then_release(PDL)
+        return
     owned = sl == first  # the group's rows: a walk over its slots, arithmetic only
     s = _skip_slots(sl, first, groups)
     while s < NONE:
@@ -196,6 +214,7 @@ def _expand_kernel(
     omask = owned[:, None] & (rn < n_end)[None, :]
     o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
     o = tl.load(o_ptrs, mask=omask, other=0.0)  # first: in flight while the weights load
+    wait_then_release(PDL)
     y = tl.load(y_ptr + rm.to(tl.int64)[:, None] * stride_yt + y_col + rr[None, :],
                 mask=owned[:, None] & (rr < R)[None, :], other=0.0)
     b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + rr[:, None]

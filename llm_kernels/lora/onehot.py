@@ -27,11 +27,10 @@ rows of such tokens are neither read nor written; a tile without any adapter ret
 import torch
 import triton.language as tl
 
-from llm_kernels.dispatch import lazy_jit, next_pow2, uses_helpers_of
+from llm_kernels.dispatch import jit_helper, lazy_jit, next_pow2, uses_helpers_of
 from llm_kernels.lora.configs import ONEHOT
 from llm_kernels.lora.kernels import (block_r, dot_acc, finish_shrink, shrink_grid, slice_grid, slice_tile, split_p2,
-                                     tile_slots)
-from llm_kernels.pdl import gdc_launch_dependents, gdc_wait
+                                     tile_slots, wait_then_release)
 
 uses_helpers_of(__name__, "llm_kernels.lora.kernels")
 
@@ -44,10 +43,8 @@ def _shrink_onehot_kernel(
     SPLIT_P2: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """y[t, :] = x[t] @ a[slots[t]]^T in float32 for the rows of one token tile whose slots are
-    in this program's chunk (slots pid_c * SLOTS_C ...), over one K range."""
-    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
-        gdc_wait()
-        gdc_launch_dependents()
+    in this program's chunk (slots pid_c * SLOTS_C ...), over one K range; all but the stores
+    before the PDL wait (llm_kernels.lora.kernels)."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_c = tl.program_id(2)
@@ -55,8 +52,9 @@ def _shrink_onehot_kernel(
     sl = tile_slots(slots_ptr, rm, T, S)
     s0 = pid_c * SLOTS_C
     owned = (sl >= s0) & (sl < s0 + SLOTS_C)
-    if tl.max(owned.to(tl.int32), axis=0) == 0:
-        return  # no row of the tile has a slot of this chunk (every split of it returns alike)
+    if tl.max(owned.to(tl.int32), axis=0) == 0:  # no row of the tile has a slot of this chunk
+        wait_then_release(PDL)  # (every split of it returns alike)
+        return
     rk = tl.arange(0, BLOCK_K)
     cols = tl.arange(0, SLOTS_C * BLOCK_R)
     sc, cr = s0 + cols // BLOCK_R, cols % BLOCK_R
@@ -73,8 +71,16 @@ def _shrink_onehot_kernel(
         z = dot_acc(z, xt, at, FP32)
     z = tl.where(sc[None, :] == sl[:, None], z, 0.0)  # each row its own slot's columns
     y = tl.sum(tl.reshape(z, [BLOCK_M, SLOTS_C, BLOCK_R]), axis=1)
+    wait_then_release(PDL)
     finish_shrink(y, y_ptr, rm, owned, ws_ptr, cnt_ptr, pid_m * tl.num_programs(2) + pid_c, pid_k,
                   tl.num_programs(1), BLOCK_M, BLOCK_R, SPLIT_P2)
+
+
+@jit_helper
+def _b_chunk(b_ptrs, sc, cr, rn, n_end, S, R, stride_bs):
+    """The stacked b[s][n tile]^T of a chunk's slots sc: [C, BLOCK_N], zeros past S and R."""
+    return tl.load(b_ptrs + sc.to(tl.int64)[:, None] * stride_bs,
+                   mask=((sc < S) & (cr < R))[:, None] & (rn < n_end)[None, :], other=0.0)
 
 
 @lazy_jit(pdl=True, do_not_specialize=["T"])
@@ -85,33 +91,34 @@ def _expand_onehot_kernel(
     FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t, n tile] += y[t, slice's R columns] @ b[slots[t]][n tile]^T for the rows of one
-    token tile."""
-    if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
-        gdc_wait()
-        gdc_launch_dependents()
+    token tile. Before the PDL wait: the slots, the rows of out and the first chunk's b tile
+    (written two launches back or more); y after it (llm_kernels.lora.kernels)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sl = tile_slots(slots_ptr, rm, T, S)
-    if tl.max(sl, axis=0) < 0:
-        return
     rn, n_end, y_col = slice_tile(pid_n, tiles1, tiles2, col1, col2, N, R, BLOCK_N)
-    omask = (sl >= 0)[:, None] & (rn < n_end)[None, :]
-    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
-    o = tl.load(o_ptrs, mask=omask, other=0.0)  # first: in flight while the weights load
     cols = tl.arange(0, SLOTS_C * BLOCK_R)
     cs, cr = cols // BLOCK_R, cols % BLOCK_R
-    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_yt + y_col + cr[None, :]
     b_ptrs = b_ptr + rn.to(tl.int64)[None, :] * stride_bn + cr[:, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for s0 in range(0, S, SLOTS_C):
+    bt = _b_chunk(b_ptrs, cs, cr, rn, n_end, S, R, stride_bs)  # chunk 0, in flight with the slots
+    if tl.max(sl, axis=0) < 0:
+        wait_then_release(PDL)
+        return
+    omask = (sl >= 0)[:, None] & (rn < n_end)[None, :]
+    o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_ot + rn[None, :]
+    o = tl.load(o_ptrs, mask=omask, other=0.0)
+    wait_then_release(PDL)
+    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_yt + y_col + cr[None, :]
+    # each row's own slot's columns of the chunk: [BLOCK_M, C]
+    acc = dot_acc(tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
+                  tl.load(y_ptrs, mask=(cs[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0), bt, FP32)
+    for s0 in range(SLOTS_C, S, SLOTS_C):
         sc = s0 + cs
-        own = (sc[None, :] == sl[:, None]) & (cr < R)[None, :]
-        yv = tl.load(y_ptrs, mask=own, other=0.0)  # [BLOCK_M, C]: each row's own slot's columns
-        bt = tl.load(b_ptrs + sc.to(tl.int64)[:, None] * stride_bs,
-                     mask=((sc < S) & (cr < R))[:, None] & (rn < n_end)[None, :], other=0.0)  # [C, BLOCK_N]
-        acc = dot_acc(acc, yv, bt, FP32)
+        yv = tl.load(y_ptrs, mask=(sc[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0)
+        acc = dot_acc(acc, yv, _b_chunk(b_ptrs, sc, cr, rn, n_end, S, R, stride_bs), FP32)
     tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
+
 
 
 def slots_per_chunk(cfg: dict, S: int, br: int) -> int:

@@ -53,6 +53,17 @@ def waits_before_loading(ptx: str) -> bool:
     return 0 <= wait < first
 
 
+def waits_late(ptx: str) -> bool:
+    """The LoRA kernels' late wait (llm_kernels.lora.kernels): a global read before the first
+    grid-dependency wait, no store, atomic or reduction before it, and the next kernel released
+    only after it."""
+    wait = ptx.find("griddepcontrol.wait")
+    first = min((i for i in (ptx.find(op) for op in ("ld.global", "cp.async")) if i >= 0), default=len(ptx))
+    writes = [i for i in (ptx.find(op) for op in ("st.global", "atom.global", "red.global")) if i >= 0]
+    return 0 <= first < wait and all(w > wait for w in writes) \
+        and ptx.find("griddepcontrol.launch_dependents") > wait
+
+
 def compile_for(fn, sig: dict, const: dict, arch: int, options: dict, aligned=()):
     """fn compiled for sm_<arch>: sig's types, const's compile-time values, aligned's 16-divisible."""
     import triton

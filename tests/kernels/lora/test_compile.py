@@ -5,14 +5,15 @@ and not first on the GPU machine. Skipped where this triton lacks the API or the
 check runs in a fresh process (tests/kernels/fresh_process.py). The pointers, sizes and strides a
 launch passes as multiples of 16 are compiled so (as Triton specialises them), and at decode
 token counts each kernel has a candidate that spills no register (for the shrink, at a merged
-q/k/v's 64 rank columns and at 16)."""
+q/k/v's 64 rank columns and at 16). Each reads global memory before its grid-dependency wait
+and stores only after it (the late wait of llm_kernels.lora.kernels)."""
 import pytest
 import torch
 
 from llm_kernels.lora import kernels, onehot
 from llm_kernels.lora.configs import ONEHOT, expand_configs, shrink_configs
 from tests.kernels.fresh_process import run_fresh
-from tests.kernels.kernel_checks import compile_for, spill_bytes
+from tests.kernels.kernel_checks import compile_for, spill_bytes, waits_late
 
 H100_SHARED = 227 * 1024
 
@@ -77,6 +78,7 @@ def check_candidates(dtype_name: str, T: int) -> None:
                               "SLOTS_C": onehot.slots_per_chunk(cfg, 8, br), "SPLIT_P2": kernels.split_p2(K, br, cfg),
                               "FP32": fp32}, cfg)
                 assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
+                assert waits_late(k.asm["ptx"]), (cfg, br)
                 spills.setdefault(("shrink", br), []).append(spill_bytes(k))
             continue
         # the SPLIT_P2 a launch on the layer passes (split_p2), and once (the first) without a split
@@ -86,6 +88,7 @@ def check_candidates(dtype_name: str, T: int) -> None:
                          {"BLOCK_M": cfg["BM"], "BLOCK_K": cfg["BK"], "BLOCK_R": br, "SPLIT_P2": split, "FP32": fp32},
                          cfg)
             assert k.metadata.shared <= H100_SHARED, (cfg, k.metadata.shared)
+            assert waits_late(k.asm["ptx"]), (cfg, split, br)
             if split > 1:
                 spills.setdefault(("shrink", br), []).append(spill_bytes(k))
     for cfg in expand_configs(T, dtype, cuda):
@@ -98,6 +101,7 @@ def check_candidates(dtype_name: str, T: int) -> None:
                 k = compiled(kernels._expand_kernel, expand_signature(dt),
                              {"BLOCK_M": cfg["BM"], "BLOCK_N": cfg["BN"], "BLOCK_R": br, "FP32": fp32}, cfg)
             assert k.metadata.shared <= H100_SHARED, (cfg, br, k.metadata.shared)
+            assert waits_late(k.asm["ptx"]), (cfg, br)
             spills.setdefault(("expand", br), []).append(spill_bytes(k))
             if not fp32:
                 assert "mma" in k.asm["ptx"]  # the expand's dot on tensor cores
