@@ -23,8 +23,11 @@ def default_out(script: str) -> str:
 
 
 def commit() -> str | None:
-    """The checkout's short commit, "+changes" when tracked files outside the results differ
-    from it; BENCHMARK_COMMIT where there is no git (a copy of the tree on a GPU machine)."""
+    """BENCHMARK_COMMIT when set: it names the tree a copy holds (a GPU machine's copy may carry
+    git metadata of another commit, or none). Otherwise the checkout's short commit, "+changes"
+    when tracked files outside the results differ from it."""
+    if os.environ.get("BENCHMARK_COMMIT"):
+        return os.environ["BENCHMARK_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=10)
@@ -35,7 +38,7 @@ def commit() -> str | None:
             return head.stdout.strip() + ("+changes" if changed else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("BENCHMARK_COMMIT") or None
+    return None
 
 
 def device() -> str:
