@@ -246,7 +246,8 @@ class ModelRunner:
             return t.clone()
         return t.to(self.device, non_blocking=True)
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]):
+    def prepare(self, scheduled: list[tuple[Sequence, int]], adapters: bool):
+        """An eager step's device inputs; adapters: its forward runs the LoRA kernels (uses_adapters)."""
         # an eager decode step on CUDA passes the table at its full width, as the
         # graphs do: the attention kernel's splits and tuned config follow the
         # width, so eager and graph steps then compute the same way
@@ -259,7 +260,7 @@ class ModelRunner:
             context_lens=self._to_device(h.ctx_t[:n_seqs]),
             query_start_loc=self._to_device(h.qsl_t[: n_seqs + 1]),
             is_decode=max_q == 1,
-            lora_slots=self._to_device(h.lora_t[:tokens]) if self.uses_adapters(scheduled) else None,
+            lora_slots=self._to_device(h.lora_t[:tokens]) if adapters else None,
         )
         ids = self._to_device(h.ids_t[:tokens])
         pos = self._to_device(h.pos_t[:tokens])
@@ -299,7 +300,7 @@ class ModelRunner:
             rows_t = self._to_device(self.host.rows_t[: len(rows)])
             self.mark_copied()
             return self._logits(self.mixed.replay(tb, adapters), rows_t, scheduled, prompt_rows)
-        ids, pos, ctx, rows_t = self.prepare(scheduled)
+        ids, pos, ctx, rows_t = self.prepare(scheduled, adapters)
         if input_ids is not None:
             assert ctx.is_decode and len(input_ids) == len(scheduled)
             ids = input_ids
