@@ -83,6 +83,12 @@ def _b_chunk(b_ptrs, sc, cr, rn, n_end, S, R, stride_bs):
                    mask=((sc < S) & (cr < R))[:, None] & (rn < n_end)[None, :], other=0.0)
 
 
+@jit_helper
+def _y_chunk(y_ptrs, sc, cr, sl, R):
+    """y's columns of a chunk's slots sc for each row's own slot (zeros elsewhere): [BLOCK_M, C]."""
+    return tl.load(y_ptrs, mask=(sc[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0)
+
+
 @lazy_jit(pdl=True, do_not_specialize=["T"])
 def _expand_onehot_kernel(
     y_ptr, b_ptr, slots_ptr, out_ptr,
@@ -110,15 +116,12 @@ def _expand_onehot_kernel(
     o = tl.load(o_ptrs, mask=omask, other=0.0)
     wait_then_release(PDL)
     y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_yt + y_col + cr[None, :]
-    # each row's own slot's columns of the chunk: [BLOCK_M, C]
-    acc = dot_acc(tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
-                  tl.load(y_ptrs, mask=(cs[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0), bt, FP32)
+    acc = dot_acc(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), _y_chunk(y_ptrs, cs, cr, sl, R), bt, FP32)
     for s0 in range(SLOTS_C, S, SLOTS_C):
         sc = s0 + cs
-        yv = tl.load(y_ptrs, mask=(sc[None, :] == sl[:, None]) & (cr < R)[None, :], other=0.0)
-        acc = dot_acc(acc, yv, _b_chunk(b_ptrs, sc, cr, rn, n_end, S, R, stride_bs), FP32)
+        acc = dot_acc(acc, _y_chunk(y_ptrs, sc, cr, sl, R), _b_chunk(b_ptrs, sc, cr, rn, n_end, S, R, stride_bs),
+                      FP32)
     tl.store(o_ptrs, (o.to(tl.float32) + acc).to(out_ptr.dtype.element_ty), mask=omask)
-
 
 
 def slots_per_chunk(cfg: dict, S: int, br: int) -> int:
