@@ -32,8 +32,11 @@ product are cut into P equal runs, one per program, P sized to fill the GPU
 once (programs resident per SM, from the compiled kernel's registers and
 shared memory, times the SMs). A program walks its run in one flat loop, so
 the copy pipeline does not drain at tile boundaries; the scale row of the
-next block is loaded a block ahead (Triton pipelines the words, x and zeros
-through shared memory, but not a load used only in registers). A tile
+next block is loaded a block ahead (Triton pipelines the words and x through
+shared memory, but not a load used only in registers). The zeros are
+pipelined in unswapped tiles only: in a swapped tile compiled for sm_90 each
+thread loads its 2-byte zero itself (under cp.async's 4-byte minimum), and it
+reaches the dequantization through a shared-memory exchange and a barrier. A tile
 finished by one program is stored; a tile split between programs has its
 float32 partials written to a workspace, and after its loop each program
 counts in on its shared tiles (an atomic counter per tile): the last to
@@ -61,7 +64,7 @@ def kpack_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, group_size: int,
     """AutoAWQ GEMM-format qweight [K, N/8] and qzeros [K/G, N/8] -> (qk int16 [N'/S, K/4, S],
     zeros int16 [K/G, N]): the half-words in stripes of S = min(stripe or STRIPE, N) columns (N padded to
     N' with zero words), so one 128-row block of a stripe is 32 S contiguous half-words. The
-    zeros are 16-bit (not bytes) so the kernel's loads of them stay pipelined."""
+    zeros are 16-bit (not bytes): an unswapped tile's loads of them then stay pipelined."""
     K = qweight.shape[0]
     if K % ROWS:
         raise ValueError(f"kpack needs K divisible by {ROWS}, got {K}")
