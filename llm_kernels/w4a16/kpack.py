@@ -329,8 +329,8 @@ def _kpack_kernel(
                 mmask = rm < M
                 loc = _ws_loc(BLOCK_M, BLOCK_N, SWAP)
                 total = tl.zeros(loc.shape, tl.float32)
-                for j in range(0, pl - pf + 1, 4):  # four partials in flight at a time, summed in order
-                    for i in tl.static_range(4):
+                for j in range(0, pl - pf + 1, 8):  # eight partials in flight at a time, summed in order
+                    for i in tl.static_range(8):
                         total += tl.load(ws_ptr + (t * C + j + i).to(tl.int64) * (BLOCK_M * BLOCK_N) + loc,
                                          mask=loc * 0 + j + i <= pl - pf, other=0.0, cache_modifier=".cg")
                 optr, omask = _tile_ptrs(out_ptr, rm, rn, mmask, rn < N, stride_om, SWAP)
