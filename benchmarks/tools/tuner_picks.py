@@ -3,6 +3,7 @@ config won, and each candidate's time relative to it. Run on a GPU, with an empt
 cache (LLM_KERNELS_CACHE_DIR), to decide which candidates earn their place.
 
     python benchmarks/tools/tuner_picks.py --out $OUT/picks.json
+    python benchmarks/tools/tuner_picks.py --models llama-3-70b --ms 16 50   # E2's layers
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ from llm_kernels import dispatch  # noqa: E402
 MODELS = {
     "qwen2.5-7b": [(3584, 4608, 128), (3584, 3584, 128), (3584, 37888, 128), (18944, 3584, 128)],
     "smollm2-135m": [(576, 960, 64), (576, 576, 64), (576, 3072, 64), (1536, 576, 64)],
+    "llama-3-70b": [(8192, 10240, 128), (8192, 8192, 128), (8192, 57344, 128), (28672, 8192, 128)],
 }
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -33,7 +35,7 @@ def layer(K: int, N: int, G: int, gen) -> object:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-7b", "smollm2-135m"], choices=list(MODELS))
     ap.add_argument("--ms", nargs="+", type=int, default=list(MS))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -55,10 +57,10 @@ def main() -> None:
                     r = rows[-1]
                     print(f"{model:13s} {K:6d}x{N:<6d} M={M:<4d} {r['kernel']:10s} {r['pick']}  "
                           f"next {[round(c[1], 2) for c in r['candidates'][1:4]]}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows,
-                       "failed": {repr(k): v for k, v in dispatch.FAILED.items()}}, f, indent=1)
+                if args.out:  # after every shape: a run cut short keeps what it timed
+                    with open(args.out, "w") as f:
+                        json.dump({"device": torch.cuda.get_device_name(), "rows": rows,
+                                   "failed": {repr(k): v for k, v in dispatch.FAILED.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":
