@@ -68,15 +68,19 @@ def ckpt_configs(M: int, dtype, device) -> list:
 # the K-packed layout (llm_kernels.w4a16.kpack)
 
 
-def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False):
+def kpack_config(bm, bn, warps=4, stages=3, grid="auto", maxnreg=None, swap=False, znext=False):
     """A config of the kpack kernel: BLOCK_M x BLOCK_N tiles; grid "auto" (the programs
     resident per SM times the SMs), "tiles" (one program per tile) or a program count;
-    swap computes out^T = W^T x^T (Hopper's wgmma then takes the weights from registers)."""
+    swap computes out^T = W^T x^T (Hopper's wgmma then takes the weights from registers);
+    znext (swapped, groups of 128 rows or more) loads the next block's zero row a block ahead
+    into registers, as the scale row is."""
     c = {"kind": "fused", "BM": bm, "BN": bn, "warps": warps, "stages": stages, "grid": grid}
     if maxnreg:
         c["maxnreg"] = maxnreg
     if swap:
         c["swap"] = True
+    if znext:
+        c["znext"] = True
     return c
 
 
@@ -84,23 +88,28 @@ def kpack_configs(M: int, dtype, device) -> list:
     """Candidates of the kpack kernel for M tokens."""
     if device.type != "cuda":  # the interpreter: every kernel variant, small
         return [kpack_config(16, 32, grid=3), kpack_config(16, 32, grid="tiles"), kpack_config(32, 64, grid=5),
-                kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True)]
+                kpack_config(16, 32, grid=3, swap=True), kpack_config(32, 64, grid="tiles", swap=True),
+                kpack_config(32, 64, grid=5, swap=True, znext=True)]
     if dtype == torch.float32:
         return [kpack_config(16, 64)]
     if M <= 16:
         # BN 128 on 2 warps (64 columns a warp) for the wide layers, BN 64 on 4 or 2 warps for
         # the small ones, a grid of two programs an SM for long K (fewer partials per tile), and
-        # the swapped BN 256 (wgmma with the weights in registers) for the widest
+        # the swapped BN 256 (wgmma with the weights in registers) for the widest, its zero rows
+        # loaded in the loop or a block ahead (on an H100 within 1.5% of each other where picked)
         sms = sm_count(device)
         return [kpack_config(16, 64), kpack_config(16, 128, warps=2, stages=4), kpack_config(16, 64, warps=2, stages=4),
                 kpack_config(16, 64, grid=2 * sms), kpack_config(16, 128, warps=2, stages=4, grid=2 * sms),
-                kpack_config(16, 256, swap=True)]
+                kpack_config(16, 256, swap=True), kpack_config(16, 256, swap=True, znext=True)]
     if M <= 64:
         # swapped: BM rows of x are the wgmma's N, BN weight columns its M (64 per warpgroup);
         # at 168 registers 3 programs fit an SM. 64 x 128 on one warpgroup spills (255
-        # registers and 440 bytes of stack at sm_90); on two, or as 64 x 64, it does not
-        return [kpack_config(32, 128, swap=True, maxnreg=168), kpack_config(32, 128, swap=True),
-                kpack_config(64, 128, swap=True), kpack_config(64, 64, swap=True),
+        # registers and 40 bytes of stack at sm_90); on two, or as 64 x 64, it does not. The
+        # one-warpgroup tiles of BN 128 load the zero row a block ahead: 5-17% faster at 50
+        # tokens on an H100 than loading it in the loop, where the 8-warp and 64 x 64 tiles
+        # were 8-55% slower (docs/kernels.md)
+        return [kpack_config(32, 128, swap=True, maxnreg=168, znext=True), kpack_config(32, 128, swap=True, znext=True),
+                kpack_config(64, 128, swap=True, znext=True), kpack_config(64, 64, swap=True),
                 kpack_config(64, 128, warps=8, swap=True)]
     # 8 warps: two warpgroups share the x tile. 128 x 128 spills (255 registers, about 400
     # bytes of stack at sm_90); 64 x 128 does not. (64 x 64 and 128 x 64 won no layer at

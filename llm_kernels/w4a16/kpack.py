@@ -36,8 +36,10 @@ next block is loaded a block ahead (Triton pipelines the words and x through
 shared memory, but not a load used only in registers). The zeros are
 pipelined in unswapped tiles only: in a swapped tile compiled for sm_90 each
 thread loads its 2-byte zero itself (under cp.async's 4-byte minimum), and it
-reaches the dequantization through a shared-memory exchange and a barrier. A tile
-finished by one program is stored; a tile split between programs has its
+reaches the dequantization through a shared-memory exchange and a barrier; a
+"znext" config (swapped, groups of 128 rows or more) loads the next block's zero
+row a block ahead with the scale row, so the block does not wait on that load.
+A tile finished by one program is stored; a tile split between programs has its
 float32 partials written to a workspace, and after its loop each program
 counts in on its shared tiles (an atomic counter per tile): the last to
 arrive sums the partials in program order (deterministic) and stores. Large
@@ -222,6 +224,22 @@ def _ws_loc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
     return loc
 
 
+@jit_helper
+def _group_rows(s_ptr, z_ptr, v, u1, N, NBLK: tl.constexpr, MT: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
+                ZEROS: tl.constexpr):
+    """The scale row of work unit v's block (G >= 128: one group row a block) for its tile's
+    columns, and with ZEROS its zero row (a placeholder otherwise); nothing is read for v >= u1."""
+    tq = v // NBLK
+    rq = (tq // MT) * BLOCK_N + tl.arange(0, BLOCK_N)
+    off = ((v - tq * NBLK) * 128 // G) * N + rq
+    live = (rq < N) & (rq * 0 + v < u1)
+    if ZEROS:
+        z = tl.load(z_ptr + off, mask=live, other=0)
+    else:
+        z = tl.zeros([BLOCK_N], tl.int16)
+    return tl.load(s_ptr + off, mask=live, other=0.0), z
+
+
 # U, P and C vary with the shape: not specialised, so one of them at 1 or a multiple of 16 compiles nothing new
 @lazy_jit(pdl=True, do_not_specialize=["U", "P", "C"])
 def _kpack_kernel(
@@ -230,7 +248,8 @@ def _kpack_kernel(
     G: tl.constexpr, NBLK: tl.constexpr, MT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PPG: tl.constexpr, NBASE: tl.constexpr,
     A0: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, EXACT: tl.constexpr,
-    SWAP: tl.constexpr, S: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False,
+    SWAP: tl.constexpr, S: tl.constexpr, HAS_BIAS: tl.constexpr, ZNEXT: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ W, plus bias[N] when HAS_BIAS (added once, at the tile's
     store). Program pid runs work units [pid U / P, (pid + 1) U / P) of the tile-major
@@ -241,7 +260,8 @@ def _kpack_kernel(
     the 16-bit pattern of -OFF, so NBASE + z is -(OFF + z). C: most programs sharing a tile.
     SWAP: the transposed product out^T = W^T x^T, weights as the dot's first operand (held
     in registers, where Hopper's wgmma takes its A) and x^T as the second (read from shared
-    memory); tiles and partials are [BLOCK_N, BLOCK_M] then. S: the stripe width of qk."""
+    memory); tiles and partials are [BLOCK_N, BLOCK_M] then. S: the stripe width of qk.
+    ZNEXT (G >= 128): each block's zero row comes with its scale row, loaded a block ahead."""
     if PDL:  # programmatic dependent launch (llm_kernels.pdl): wait for the previous kernel here
         gdc_wait()
         gdc_launch_dependents()
@@ -253,17 +273,13 @@ def _kpack_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if G >= 128:  # one scale row per block: fetched a block ahead, in registers (the pipeliner leaves it out)
-        tq = u0 // NBLK
-        rq = (tq // MT) * BLOCK_N + tl.arange(0, BLOCK_N)
-        s_next = tl.load(s_ptr + ((u0 - tq * NBLK) * 128 // G) * N + rq, mask=(rq < N) & (rq * 0 + u0 < u1), other=0.0)
+    if G >= 128:  # one scale row per block (ZNEXT: and zero row): fetched a block ahead, in registers
+        s_next, z_next = _group_rows(s_ptr, z_ptr, u0, u1, N, NBLK, MT, BLOCK_N, G, ZNEXT)
     for u in range(u0, u1):
         if G >= 128:
             s_blk = s_next.to(tl.float32)
-            tq = (u + 1) // NBLK
-            rq = (tq // MT) * BLOCK_N + tl.arange(0, BLOCK_N)
-            s_next = tl.load(s_ptr + ((u + 1 - tq * NBLK) * 128 // G) * N + rq, mask=(rq < N) & (rq * 0 + u + 1 < u1),
-                             other=0.0)
+            z_blk = z_next
+            s_next, z_next = _group_rows(s_ptr, z_ptr, u + 1, u1, N, NBLK, MT, BLOCK_N, G, ZNEXT)
         t = u // NBLK
         blk = u - t * NBLK
         pid_n = t // MT  # the m-tiles of one column tile are neighbours: the words stay in L2
@@ -289,7 +305,10 @@ def _kpack_kernel(
         for p in tl.static_range(8):
             if p % PPG == 0:  # a group starts: its zeros and scales, once
                 g = (k0 + 16 * p) // G
-                zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
+                if ZNEXT:
+                    zi = z_blk.to(tl.int32)
+                else:
+                    zi = tl.load(z_ptr + g * N + rn, mask=nmask, other=0).to(tl.int32)
                 if G >= 128:
                     sc = s_blk
                 else:
@@ -393,6 +412,7 @@ def launch(x, qk, zeros, scales, group_size: int, cfg: dict, out=None, bias=None
         G=group_size, NBLK=nblk, MT=-(-M // BM), BLOCK_M=BM, BLOCK_N=BN, PPG=min(8, group_size // 16),
         NBASE=0xC300 if x.dtype == torch.bfloat16 else 0xE400,
         A0=asm[0], A1=asm[1], A2=asm[2], A3=asm[3], EXACT=exact, SWAP=swap, S=qk.shape[2], HAS_BIAS=bias is not None,
+        ZNEXT=bool(cfg.get("znext")) and swap and group_size >= 128,
         num_warps=cfg.get("warps", 4), num_stages=cfg.get("stages", 3),
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and x.is_cuda else {}))
     remember(kernel, cfg, x, N, nblk, operands)
