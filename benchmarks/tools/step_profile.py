@@ -3,7 +3,9 @@
 CUDA graph replayed alone), and the host gap between them; benchmarks/serve.py puts it in its
 rows. Run as a script: an engine of E1's, a small or E4's shapes (random weights) at the given
 batch sizes, that profile and a torch.profiler trace of steady decode steps: the device's
-kernels and copies by time, by kernel family, and the device's idle time between them.
+kernels and copies by time (each charged its time past the end of the work before it, so a
+kernel's wait under programmatic dependent launch is not counted as its own), by kernel
+family, and the device's idle time between them.
 
     python3 benchmarks/tools/step_profile.py [--shapes qwen2.5-7b|qwen2.5-0.5b|qwen3-30b-a3b]
         [--batch 10 50] [--steps 20] [--sync] [--eager] [--max-cudagraph-tokens 0] [--lora N] [--out DIR]
@@ -115,17 +117,23 @@ def kernel_family(name: str) -> str:
 
 
 def summary(events, steps: int) -> dict:
-    """Per step: busy and idle device time (us), time by kernel family, the costliest names."""
+    """Per step: busy and idle device time (us), time by kernel family, the costliest names.
+    `events` come in start order. Under programmatic dependent launch (llm_kernels.pdl) a
+    kernel starts while the one before it runs and waits for it, so its recorded span holds
+    that wait: summed as recorded, a step's kernels came to 1.5x its graph's replay time on an
+    H100. Each event is charged only its time past the latest end before it (its own work,
+    not the wait), so the names' and families' times add up to the busy time."""
     busy, idle, by_name, last_end = 0.0, 0.0, {}, None
     for e in events:
         start, end = e.time_range.start, e.time_range.end
         if last_end is not None and start > last_end:
             idle += start - last_end
+        own = end - start if last_end is None else max(0.0, end - max(start, last_end))
         last_end = end if last_end is None else max(last_end, end)
-        busy += end - start
+        busy += own
         stat = by_name.setdefault(e.name[:90], [0, 0.0])
         stat[0] += 1
-        stat[1] += end - start
+        stat[1] += own
     families: dict = {}
     for name, (_, t) in by_name.items():
         families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + t / steps

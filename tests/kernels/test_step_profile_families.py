@@ -36,3 +36,33 @@ def test_families_of_kernels_with_misleading_names():
     for name, family in expect.items():
         assert name in kernels, name
         assert kernel_family(name) == family, (name, kernel_family(name))
+
+
+class _Span:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+
+class _Event:
+    def __init__(self, name, start, end):
+        self.name, self.time_range = name, _Span(start, end)
+
+
+def test_a_kernel_that_waits_on_the_one_before_is_charged_its_own_time():
+    """Under programmatic dependent launch a kernel starts before the previous one ends and
+    waits; its recorded span holds the wait. The summary charges each kernel its time past the
+    latest end before it, so the per-kernel times add up to the busy time, not past it."""
+    from benchmarks.tools.step_profile import summary
+
+    events = [_Event("rms_norm_kernel", 0.0, 10.0),  # then a GEMM launched early, waiting from 4 to 10
+              _Event("_kpack_kernel", 4.0, 30.0),
+              _Event("_silu_mul_kernel", 28.0, 29.0),  # inside the GEMM's span: no time of its own
+              _Event("_kpack_kernel", 35.0, 45.0)]  # after 5 idle
+    s = summary(events, steps=1)
+    times = {t["name"]: t["us_per_step"] for t in s["top"]}
+    assert times == {"rms_norm_kernel": 10.0, "_kpack_kernel": 30.0, "_silu_mul_kernel": 0.0}
+    assert s["busy_us_per_step"] == 40.0 and s["idle_us_per_step"] == 5.0
+    assert sum(s["by_family_us"].values()) == s["busy_us_per_step"]
+    assert s["by_family_us"]["W4A16 GEMM"] == 30.0
+    half = summary(events, steps=2)
+    assert half["busy_us_per_step"] == 20.0 and half["by_family_us"]["W4A16 GEMM"] == 15.0
