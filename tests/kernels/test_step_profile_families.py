@@ -2,6 +2,7 @@
 Triton kernel of llm_kernels has one (a kernel under "other" hides its time in the profile)."""
 import importlib
 import pkgutil
+from types import SimpleNamespace
 
 import llm_kernels
 from benchmarks.tools.step_profile import kernel_family
@@ -38,14 +39,9 @@ def test_families_of_kernels_with_misleading_names():
         assert kernel_family(name) == family, (name, kernel_family(name))
 
 
-class _Span:
-    def __init__(self, start, end):
-        self.start, self.end = start, end
-
-
-class _Event:
-    def __init__(self, name, start, end):
-        self.name, self.time_range = name, _Span(start, end)
+def _Event(name, start, end):
+    """A torch.profiler event as summary() reads it: a name and a time range."""
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
 
 
 def test_a_kernel_that_waits_on_the_one_before_is_charged_its_own_time():
